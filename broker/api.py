@@ -1,0 +1,333 @@
+"""The REST API under /api/v1/: authenticate, parse, one core call, render (docs/api.md)."""
+
+import base64
+from typing import Any
+
+import orjson
+from django.core.exceptions import RequestDataTooBig
+from django.db import connection
+from django.http import HttpRequest, HttpResponse
+from ninja import NinjaAPI
+from ninja.errors import AuthenticationError, HttpError, ValidationError
+from ninja.parser import Parser
+from ninja.renderers import BaseRenderer
+from ninja.security import HttpBearer
+
+from broker import schemas
+from broker.core import errors, groups, keys, log, topics
+from broker.core.records import (
+    GroupInfo,
+    GroupTopicOffsets,
+    Principal,
+    StoredMessage,
+    TopicInfo,
+)
+
+# The one table from error code to HTTP status; unknown codes are the client's fault (400).
+STATUS_BY_CODE = {
+    "unauthenticated": 401,
+    "permission_denied": 403,
+    "topic_not_found": 404,
+    "partition_not_found": 404,
+    "group_not_found": 404,
+    "api_key_not_found": 404,
+    "topic_exists": 409,
+    "api_key_exists": 409,
+    "topic_full": 409,
+    "offset_out_of_range": 409,
+    "message_too_large": 413,
+    "batch_too_large": 413,
+    "request_too_large": 413,
+    "validation_error": 422,
+    "broker_error": 503,
+}
+
+
+class OrjsonParser(Parser):
+    def parse_body(self, request: HttpRequest) -> Any:
+        try:
+            return orjson.loads(request.body)
+        except orjson.JSONDecodeError as exc:
+            raise errors.MalformedJson(f"The request body is not valid JSON: {exc}") from None
+
+
+class OrjsonRenderer(BaseRenderer):
+    media_type = "application/json"
+
+    def render(self, request: HttpRequest, data: Any, *, response_status: int) -> bytes:
+        return orjson.dumps(data)
+
+
+class ApiKeyAuth(HttpBearer):
+    def authenticate(self, request: HttpRequest, token: str) -> Principal:
+        return keys.authenticate(token)
+
+
+api = NinjaAPI(
+    title="Ferry",
+    version="1",
+    description="Durable message broker: topics, partitions, offsets and consumer groups.",
+    urls_namespace="api-v1",
+    auth=ApiKeyAuth(),
+    parser=OrjsonParser(),
+    renderer=OrjsonRenderer(),
+    docs_url="/docs",
+)
+
+
+def error_response(
+    code: str, message: str, detail: dict[str, Any] | None = None, status: int | None = None
+) -> HttpResponse:
+    body = {"error": {"code": code, "message": message, "detail": detail or {}}}
+    return HttpResponse(
+        orjson.dumps(body, default=str),
+        status=status or STATUS_BY_CODE.get(code, 400),
+        content_type="application/json",
+    )
+
+
+@api.exception_handler(errors.BrokerError)
+def on_broker_error(request: HttpRequest, exc: errors.BrokerError) -> HttpResponse:
+    return error_response(exc.code, exc.message, exc.detail)
+
+
+@api.exception_handler(HttpError)
+def on_http_error(request: HttpRequest, exc: HttpError) -> HttpResponse:
+    # Ninja wraps our parser's MalformedJson in an HttpError(400); unwrap it.
+    if isinstance(exc.__cause__, errors.BrokerError):
+        return on_broker_error(request, exc.__cause__)
+    return error_response("invalid_request", exc.message, status=exc.status_code)
+
+
+@api.exception_handler(ValidationError)
+def on_validation_error(request: HttpRequest, exc: ValidationError) -> HttpResponse:
+    first = exc.errors[0] if exc.errors else {}
+    # Ninja prefixes body fields with ("body", "body"); the client only knows its own fields.
+    loc = [part for part in first.get("loc", ()) if part != "body"]
+    where = ".".join(str(part) for part in loc)
+    message = f"{where}: {first.get('msg', 'invalid')}" if where else "The request is not valid."
+    return error_response("validation_error", message, {"errors": exc.errors})
+
+
+@api.exception_handler(AuthenticationError)
+def on_authentication_error(request: HttpRequest, exc: AuthenticationError) -> HttpResponse:
+    return error_response("unauthenticated", errors.Unauthenticated().message)
+
+
+@api.exception_handler(RequestDataTooBig)
+def on_request_too_big(request: HttpRequest, exc: RequestDataTooBig) -> HttpResponse:
+    return error_response("request_too_large", "The request body is larger than the broker accepts.")
+
+
+def topic_out(info: TopicInfo) -> dict[str, Any]:
+    return {
+        "name": info.name,
+        "partitions": info.partition_count,
+        "retention_ms": info.retention_ms,
+        "retention_bytes": info.retention_bytes,
+        "max_message_bytes": info.max_message_bytes,
+        "capacity": info.capacity,
+        "overflow_policy": info.overflow_policy,
+        "created_at_ms": info.created_at_ms,
+        "partition_offsets": [
+            {"partition": p.number, "start_offset": p.start_offset, "end_offset": p.end_offset}
+            for p in info.partitions
+        ],
+    }
+
+
+def group_topic_out(offsets: GroupTopicOffsets) -> dict[str, Any]:
+    return {
+        "group": offsets.group,
+        "topic": offsets.topic,
+        "capacity": offsets.capacity,
+        "max_offset": offsets.max_offset,
+        "committed_offset": offsets.committed_total,
+        "end_offset": offsets.end_total,
+        "lag": offsets.lag,
+        "partitions": [
+            {
+                "partition": p.partition,
+                "committed_offset": p.committed_offset,
+                "start_offset": p.start_offset,
+                "end_offset": p.end_offset,
+                "lag": p.lag,
+            }
+            for p in offsets.partitions
+        ],
+    }
+
+
+def group_out(info: GroupInfo) -> dict[str, Any]:
+    return {
+        "name": info.name,
+        "created_at_ms": info.created_at_ms,
+        "topics": [group_topic_out(t) for t in info.topics],
+    }
+
+
+def message_out(m: StoredMessage) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "partition": m.partition,
+        "offset": m.offset,
+        "timestamp_ms": m.timestamp_ms,
+        "key": m.key,
+        "tag": m.tag,
+        "headers": m.headers,
+        "id": m.client_id,
+    }
+    if m.is_json:
+        # Stored JSON text goes out as is: no parse and re-serialize on the fetch hot path.
+        out["value"] = orjson.Fragment(m.value)
+    else:
+        out["value_b64"] = base64.b64encode(m.value).decode()
+    return out
+
+
+def json_response(body: dict[str, Any], status: int = 200) -> HttpResponse:
+    """Render directly, bypassing response validation, for the bulk message paths."""
+    return HttpResponse(orjson.dumps(body), status=status, content_type="application/json")
+
+
+@api.get("/health", auth=None, response=schemas.HealthOut, tags=["health"])
+def health(request: HttpRequest) -> dict[str, str]:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1")
+    return {"status": "ok", "database": connection.vendor}
+
+
+@api.get("/topics", response=list[schemas.TopicOut], tags=["topics"])
+def list_topics(request: HttpRequest) -> list[dict[str, Any]]:
+    return [topic_out(t) for t in topics.list_topics(request.auth)]
+
+
+@api.post("/topics", response={201: schemas.TopicOut}, tags=["topics"])
+def create_topic(request: HttpRequest, body: schemas.TopicIn) -> tuple[int, dict[str, Any]]:
+    info = topics.create_topic(
+        request.auth,
+        body.name,
+        body.partitions,
+        retention_ms=body.retention_ms,
+        retention_bytes=body.retention_bytes,
+        max_message_bytes=body.max_message_bytes,
+        capacity=body.capacity,
+        overflow_policy=body.overflow_policy,
+    )
+    return 201, topic_out(info)
+
+
+@api.get("/topics/{name}", response=schemas.TopicOut, tags=["topics"])
+def get_topic(request: HttpRequest, name: str) -> dict[str, Any]:
+    return topic_out(topics.get_topic(request.auth, name))
+
+
+@api.patch("/topics/{name}", response=schemas.TopicOut, tags=["topics"])
+def alter_topic(request: HttpRequest, name: str, body: schemas.TopicPatch) -> dict[str, Any]:
+    changes = body.model_dump(exclude_unset=True)
+    info = topics.alter_topic(request.auth, name, **changes)
+    return topic_out(info)
+
+
+@api.delete("/topics/{name}", response={204: None}, tags=["topics"])
+def delete_topic(request: HttpRequest, name: str) -> tuple[int, None]:
+    topics.delete_topic(request.auth, name)
+    return 204, None
+
+
+@api.post("/topics/{name}/messages", response=schemas.ProduceOut, tags=["messages"])
+def produce(request: HttpRequest, name: str, body: schemas.ProduceIn) -> HttpResponse:
+    messages = [m.to_new_message() for m in body.messages]
+    results = log.append_messages(request.auth, name, messages)
+    return json_response(
+        {
+            "results": [
+                {"partition": r.partition, "offset": r.offset, "duplicate": r.duplicate}
+                for r in results
+            ]
+        }
+    )
+
+
+@api.get(
+    "/topics/{name}/partitions/{partition}/messages", response=schemas.FetchOut, tags=["messages"]
+)
+async def fetch(
+    request: HttpRequest,
+    name: str,
+    partition: int,
+    offset: int | None = None,
+    limit: int = 100,
+    max_wait_ms: int = 0,
+) -> HttpResponse:
+    result = await log.read_messages_async(
+        request.auth, name, partition, offset, limit, max_wait_ms
+    )
+    return json_response(
+        {
+            "messages": [message_out(m) for m in result.messages],
+            "next_offset": result.next_offset,
+            "start_offset": result.start_offset,
+            "end_offset": result.end_offset,
+        }
+    )
+
+
+@api.get("/topics/{name}/offsets", response=schemas.OffsetsOut, tags=["messages"])
+def offsets(request: HttpRequest, name: str, timestamp: int | None = None) -> dict[str, Any]:
+    lookups = log.list_offsets(request.auth, name, timestamp)
+    return {
+        "topic": name,
+        "partitions": [
+            {
+                "partition": o.partition,
+                "start_offset": o.start_offset,
+                "end_offset": o.end_offset,
+                "offset_for_timestamp": o.offset_for_timestamp,
+            }
+            for o in lookups
+        ],
+    }
+
+
+@api.post("/groups/{group}/poll", response=schemas.PollOut, tags=["groups"])
+async def poll(request: HttpRequest, group: str, body: schemas.PollIn) -> HttpResponse:
+    result = await groups.poll_messages_async(
+        request.auth, group, body.topic, body.max_messages, body.auto_commit, body.max_wait_ms
+    )
+    return json_response(
+        {
+            "group": result.group,
+            "topic": result.topic,
+            "messages": [message_out(m) for m in result.messages],
+            "next_offsets": [
+                {"partition": p, "offset": o} for p, o in sorted(result.next_offsets.items())
+            ],
+            "committed": result.committed,
+        }
+    )
+
+
+@api.post("/groups/{group}/commit", response=schemas.GroupTopicOut, tags=["groups"])
+def commit(request: HttpRequest, group: str, body: schemas.CommitIn) -> dict[str, Any]:
+    offsets = {o.partition: o.offset for o in body.offsets}
+    return group_topic_out(groups.commit_offsets(request.auth, group, body.topic, offsets))
+
+
+@api.get("/groups", response=list[schemas.GroupOut], tags=["groups"])
+def list_groups(request: HttpRequest) -> list[dict[str, Any]]:
+    return [group_out(g) for g in groups.list_groups(request.auth)]
+
+
+@api.get("/groups/{group}", response=schemas.GroupOut, tags=["groups"])
+def describe_group(request: HttpRequest, group: str) -> dict[str, Any]:
+    return group_out(groups.describe_group(request.auth, group))
+
+
+@api.get("/overview", response=schemas.OverviewOut, tags=["overview"])
+def overview(request: HttpRequest) -> dict[str, Any]:
+    result = groups.overview(request.auth)
+    return {
+        "topics": [topic_out(t) for t in result.topics],
+        "groups": [group_topic_out(g) for g in result.groups],
+    }
+

@@ -1,0 +1,1 @@
+"""The broker's rule book: plain functions over the models, called by every edge (docs/architecture.md)."""

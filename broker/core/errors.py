@@ -1,0 +1,116 @@
+"""The BrokerError tree: every error the core raises, each with a stable code (docs/api.md#errors)."""
+
+from typing import Any
+
+
+class BrokerError(Exception):
+    """The broker refused the request."""
+
+    code = "broker_error"
+
+    def __init__(self, message: str | None = None, **detail: Any) -> None:
+        self.message = message or (self.__doc__ or self.code).strip()
+        self.detail = detail
+        super().__init__(self.message)
+
+
+class InvalidRequest(BrokerError):
+    """The request is not valid."""
+
+    code = "invalid_request"
+
+
+class MalformedJson(InvalidRequest):
+    """The request body is not valid JSON."""
+
+    code = "malformed_json"
+
+
+class InvalidTopicName(InvalidRequest):
+    """Topic names are 1 to 200 characters from A-Z, a-z, 0-9, '.', '_' and '-'."""
+
+    code = "invalid_topic_name"
+
+
+class InvalidPartitionCount(InvalidRequest):
+    """A topic needs at least one partition, and partitions can grow but never shrink."""
+
+    code = "invalid_partition_count"
+
+
+class InvalidMessage(InvalidRequest):
+    """A message in the request is not valid."""
+
+    code = "invalid_message"
+
+
+class BatchTooLarge(InvalidRequest):
+    """The batch has more messages than the broker accepts in one request."""
+
+    code = "batch_too_large"
+
+
+class MessageTooLarge(BrokerError):
+    """A message is larger than the topic's max_message_bytes."""
+
+    code = "message_too_large"
+
+
+class TopicNotFound(BrokerError):
+    """No topic has that name."""
+
+    code = "topic_not_found"
+
+
+class TopicExists(BrokerError):
+    """A topic with that name already exists."""
+
+    code = "topic_exists"
+
+
+class PartitionNotFound(BrokerError):
+    """The topic has no partition with that number."""
+
+    code = "partition_not_found"
+
+
+class GroupNotFound(BrokerError):
+    """No consumer group has that name."""
+
+    code = "group_not_found"
+
+
+class TopicFull(BrokerError):
+    """The partition is at the topic's capacity and its overflow policy is reject."""
+
+    code = "topic_full"
+
+
+class OffsetOutOfRange(BrokerError):
+    """The offset is outside the partition's stored range."""
+
+    code = "offset_out_of_range"
+
+
+class Unauthenticated(BrokerError):
+    """A valid API key is required: send Authorization: Bearer <key>."""
+
+    code = "unauthenticated"
+
+
+class PermissionDenied(BrokerError):
+    """This API key may not do that."""
+
+    code = "permission_denied"
+
+
+class ApiKeyNotFound(BrokerError):
+    """No API key has that name."""
+
+    code = "api_key_not_found"
+
+
+class ApiKeyExists(BrokerError):
+    """An API key with that name already exists."""
+
+    code = "api_key_exists"

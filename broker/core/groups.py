@@ -1,0 +1,252 @@
+"""Consumer groups: committed offsets, poll, commit, lag and the overview (docs/architecture.md#groups).
+
+A committed offset is the next offset the group reads (Kafka's convention). A group that has
+never committed on a partition starts at the partition's start offset: seed 000's "consume the
+topic from the beginning" (docs/decisions/0004-new-group-starts-at-earliest.md).
+"""
+
+import itertools
+import threading
+
+from asgiref.sync import sync_to_async
+from django.db import transaction
+
+from broker import models
+from broker import settings as ferry_settings
+from broker.core import errors, events, keys, log, topics
+from broker.core.records import (
+    GroupInfo,
+    GroupTopicOffsets,
+    Overview,
+    PartitionLag,
+    PollResult,
+    Principal,
+    StoredMessage,
+)
+
+_poll_turn = itertools.count()
+_poll_turn_lock = threading.Lock()
+
+
+def validate_group_name(name: str) -> None:
+    if not topics.NAME_RE.fullmatch(name or ""):
+        raise errors.InvalidRequest(
+            "Group names are 1 to 200 characters from A-Z, a-z, 0-9, '.', '_' and '-'.",
+            group=name,
+        )
+
+
+def _topic_for_consume(principal: Principal, topic_name: str) -> models.Topic:
+    topics.validate_name(topic_name)
+    keys.require(principal, topic_name, "consume")
+    topic = models.Topic.objects.filter(name=topic_name).first()
+    if topic is None:
+        raise errors.TopicNotFound(name=topic_name)
+    return topic
+
+
+def _ensure_offsets(group_name: str, topic: models.Topic) -> models.ConsumerGroup:
+    """Create the group and its offset rows for every partition. Caller holds the transaction."""
+    group, _ = models.ConsumerGroup.objects.get_or_create(name=group_name)
+    partition_ids = list(topic.partitions.values_list("id", flat=True))
+    models.GroupOffset.objects.bulk_create(
+        [models.GroupOffset(group=group, partition_id=pid) for pid in partition_ids],
+        ignore_conflicts=True,
+    )
+    return group
+
+
+def poll_messages(
+    principal: Principal,
+    group_name: str,
+    topic_name: str,
+    max_messages: int,
+    auto_commit: bool,
+) -> PollResult:
+    """The next messages after the group's committed offsets, across the topic's partitions.
+
+    With auto_commit the offsets move past the returned messages in the same transaction, so
+    concurrent pollers of one group never get the same message; without it the group sees the
+    same messages again until it commits.
+    """
+    validate_group_name(group_name)
+    limit = ferry_settings.get("MAX_FETCH_MESSAGES")
+    if not 1 <= max_messages <= limit:
+        raise errors.InvalidRequest(
+            f"max_messages must be between 1 and {limit}.", max_messages=max_messages
+        )
+    topic = _topic_for_consume(principal, topic_name)
+    with transaction.atomic(durable=True):
+        group = _ensure_offsets(group_name, topic)
+        # Group offset locks (partition order): serialize pollers and committers of this group.
+        rows = list(
+            models.GroupOffset.objects.select_for_update()
+            .filter(group=group, partition__topic=topic)
+            .select_related("partition")
+            .order_by("partition__number")
+        )
+        if rows:
+            # Rotate the first partition read so one busy partition cannot starve the rest.
+            with _poll_turn_lock:
+                turn = next(_poll_turn) % len(rows)
+            rows = rows[turn:] + rows[:turn]
+        messages: list[StoredMessage] = []
+        next_offsets: dict[int, int] = {}
+        for row in rows:
+            remaining = max_messages - len(messages)
+            if remaining <= 0:
+                break
+            p = row.partition
+            start = max(row.committed_offset, p.start_offset)
+            if start >= p.next_offset:
+                continue
+            batch = log.read_partition(p.id, p.number, start, remaining)
+            if not batch:
+                continue
+            messages.extend(batch)
+            next_offsets[p.number] = batch[-1].offset + 1
+            if auto_commit:
+                row.committed_offset = next_offsets[p.number]
+                row.save(update_fields=["committed_offset", "updated_at"])
+    messages.sort(key=lambda m: (m.partition, m.offset))
+    return PollResult(
+        topic_id=topic.id,
+        group=group_name,
+        topic=topic_name,
+        messages=tuple(messages),
+        next_offsets=next_offsets,
+        committed=auto_commit,
+    )
+
+
+async def poll_messages_async(
+    principal: Principal,
+    group_name: str,
+    topic_name: str,
+    max_messages: int,
+    auto_commit: bool,
+    max_wait_ms: int,
+) -> PollResult:
+    """poll_messages, waiting up to max_wait_ms for a message when there is none yet."""
+    log.validate_max_wait(max_wait_ms)
+    poll = sync_to_async(poll_messages)
+    return await events.long_poll(
+        lambda: poll(principal, group_name, topic_name, max_messages, auto_commit),
+        is_empty=lambda r: not r.messages,
+        topic_id_of=lambda r: r.topic_id,
+        max_wait_ms=max_wait_ms,
+    )
+
+
+def commit_offsets(
+    principal: Principal, group_name: str, topic_name: str, offsets: dict[int, int]
+) -> GroupTopicOffsets:
+    """Set the group's committed offsets for some partitions of a topic."""
+    validate_group_name(group_name)
+    topic = _topic_for_consume(principal, topic_name)
+    if not offsets:
+        raise errors.InvalidRequest("Name at least one partition's offset to commit.")
+    with transaction.atomic(durable=True):
+        group = _ensure_offsets(group_name, topic)
+        # Group offset locks (partition order): serialize with pollers of this group.
+        rows = {
+            row.partition.number: row
+            for row in models.GroupOffset.objects.select_for_update()
+            .filter(group=group, partition__topic=topic)
+            .select_related("partition")
+            .order_by("partition__number")
+        }
+        for number, offset in sorted(offsets.items()):
+            row = rows.get(number)
+            if row is None:
+                raise errors.PartitionNotFound(topic=topic_name, partition=number)
+            if not 0 <= offset <= row.partition.next_offset:
+                raise errors.OffsetOutOfRange(
+                    f"Offset {offset} is past the end of partition {number} "
+                    f"({row.partition.next_offset}).",
+                    partition=number,
+                    offset=offset,
+                    end_offset=row.partition.next_offset,
+                )
+            row.committed_offset = offset
+            row.save(update_fields=["committed_offset", "updated_at"])
+    return _group_topic_offsets(group_name, topic, list(rows.values()))
+
+
+def _group_topic_offsets(
+    group_name: str, topic: models.Topic, rows: list[models.GroupOffset]
+) -> GroupTopicOffsets:
+    return GroupTopicOffsets(
+        group=group_name,
+        topic=topic.name,
+        capacity=topic.capacity,
+        partitions=tuple(
+            PartitionLag(
+                partition=row.partition.number,
+                # A group behind retention is moved to the start offset (DESIGN.md: Retention).
+                committed_offset=max(row.committed_offset, row.partition.start_offset),
+                start_offset=row.partition.start_offset,
+                end_offset=row.partition.next_offset,
+            )
+            for row in sorted(rows, key=lambda r: r.partition.number)
+        ),
+    )
+
+
+def _offsets_by_group(
+    principal: Principal, group_filter: dict[str, object]
+) -> dict[str, list[GroupTopicOffsets]]:
+    rows = (
+        models.GroupOffset.objects.filter(**group_filter)
+        .select_related("group", "partition__topic")
+        .order_by("group__name", "partition__topic__name", "partition__number")
+    )
+    by_group: dict[str, list[GroupTopicOffsets]] = {}
+    for (group_name, _), topic_rows in itertools.groupby(
+        rows, key=lambda r: (r.group.name, r.partition.topic_id)
+    ):
+        topic_rows_list = list(topic_rows)
+        topic = topic_rows_list[0].partition.topic
+        if not keys.allows(principal, topic.name, "consume"):
+            continue
+        by_group.setdefault(group_name, []).append(
+            _group_topic_offsets(group_name, topic, topic_rows_list)
+        )
+    return by_group
+
+
+def describe_group(principal: Principal, group_name: str) -> GroupInfo:
+    """A group's committed offsets, end offsets and lag per topic the principal may consume."""
+    validate_group_name(group_name)
+    group = models.ConsumerGroup.objects.filter(name=group_name).first()
+    if group is None:
+        raise errors.GroupNotFound(group=group_name)
+    offsets = _offsets_by_group(principal, {"group": group}).get(group_name, [])
+    return GroupInfo(
+        name=group.name,
+        created_at_ms=int(group.created_at.timestamp() * 1000),
+        topics=tuple(offsets),
+    )
+
+
+def list_groups(principal: Principal) -> list[GroupInfo]:
+    """Every group with offsets on a topic the principal may consume, by name."""
+    by_group = _offsets_by_group(principal, {})
+    created = dict(
+        models.ConsumerGroup.objects.filter(name__in=by_group).values_list("name", "created_at")
+    )
+    return [
+        GroupInfo(
+            name=name,
+            created_at_ms=int(created[name].timestamp() * 1000),
+            topics=tuple(offsets),
+        )
+        for name, offsets in by_group.items()
+    ]
+
+
+def overview(principal: Principal) -> Overview:
+    """Seed 000's overview: the topics, and per group and topic its offsets and lag."""
+    visible_topics = topics.list_topics(principal)
+    groups = [t for g in list_groups(principal) for t in g.topics]
+    return Overview(topics=tuple(visible_topics), groups=tuple(groups))

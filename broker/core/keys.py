@@ -1,0 +1,137 @@
+"""API keys: hashing, authentication and the one permission check (docs/architecture.md#auth)."""
+
+import fnmatch
+import hashlib
+import secrets
+from collections.abc import Iterable
+
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from broker import models
+from broker.core import errors
+from broker.core.records import ApiKeyInfo, Permission, Principal
+
+ACTIONS = ("produce", "consume", "admin")
+# admin on a pattern implies produce and consume on it.
+_IMPLIED_BY = {"produce": {"produce", "admin"}, "consume": {"consume", "admin"}, "admin": {"admin"}}
+KEY_PREFIX = "fry_"
+
+CONSOLE = Principal(name="console", is_system=True)
+
+
+def parse_permission(text: str) -> Permission:
+    """Parse 'action:pattern', e.g. 'produce:orders.*'; a bare action means every topic."""
+    action, _, pattern = text.partition(":")
+    action = action.strip()
+    pattern = pattern.strip() or "*"
+    if action not in ACTIONS:
+        raise errors.InvalidRequest(
+            f"Unknown permission action {action!r}; use one of {', '.join(ACTIONS)}.",
+            permission=text,
+        )
+    return Permission(action=action, pattern=pattern)
+
+
+def allows(principal: Principal, topic: str, action: str) -> bool:
+    """Whether principal may do action on the topic named topic."""
+    if principal.is_system:
+        return True
+    granting = _IMPLIED_BY[action]
+    return any(
+        p.action in granting and fnmatch.fnmatchcase(topic, p.pattern)
+        for p in principal.permissions
+    )
+
+
+def require(principal: Principal, topic: str, action: str) -> None:
+    """Raise PermissionDenied unless principal may do action on topic."""
+    if not allows(principal, topic, action):
+        raise errors.PermissionDenied(
+            f"This API key may not {action} on topic {topic!r}.", topic=topic, action=action
+        )
+
+
+def require_superuser(principal: Principal) -> None:
+    """Managing keys needs admin on every topic ('admin:*') or the console."""
+    if principal.is_system or any(
+        p.action == "admin" and p.pattern == "*" for p in principal.permissions
+    ):
+        return
+    raise errors.PermissionDenied("Only an 'admin:*' key may manage API keys.")
+
+
+def hash_key(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def authenticate(secret: str | None) -> Principal:
+    """The principal for a bearer key; raises Unauthenticated for a missing, unknown or revoked key."""
+    if not secret:
+        raise errors.Unauthenticated()
+    row = (
+        models.ApiKey.objects.filter(key_hash=hash_key(secret), revoked_at__isnull=True)
+        .values("id", "name", "permissions")
+        .first()
+    )
+    if row is None:
+        raise errors.Unauthenticated("The API key is unknown or revoked.")
+    return Principal(
+        name=row["name"],
+        permissions=tuple(Permission(**p) for p in row["permissions"]),
+        key_id=row["id"],
+    )
+
+
+def _info(row: models.ApiKey) -> ApiKeyInfo:
+    return ApiKeyInfo(
+        id=row.id,
+        name=row.name,
+        prefix=row.prefix,
+        permissions=tuple(Permission(**p) for p in row.permissions),
+        created_at_ms=int(row.created_at.timestamp() * 1000),
+        revoked=row.revoked_at is not None,
+    )
+
+
+def create_api_key(
+    principal: Principal, name: str, permissions: Iterable[Permission]
+) -> tuple[ApiKeyInfo, str]:
+    """Create a key; returns its record and the secret, which is never stored nor shown again."""
+    require_superuser(principal)
+    perms = list(permissions)
+    if not name or len(name) > 200:
+        raise errors.InvalidRequest("API key names are 1 to 200 characters.")
+    if not perms:
+        raise errors.InvalidRequest("An API key needs at least one permission.")
+    secret = KEY_PREFIX + secrets.token_urlsafe(32)
+    try:
+        with transaction.atomic(durable=True):
+            row = models.ApiKey.objects.create(
+                name=name,
+                key_hash=hash_key(secret),
+                prefix=secret[: len(KEY_PREFIX) + 6],
+                permissions=[{"action": p.action, "pattern": p.pattern} for p in perms],
+            )
+    except IntegrityError:
+        raise errors.ApiKeyExists(name=name) from None
+    return _info(row), secret
+
+
+def list_api_keys(principal: Principal) -> list[ApiKeyInfo]:
+    """Every key, revoked ones included, oldest first."""
+    require_superuser(principal)
+    return [_info(row) for row in models.ApiKey.objects.order_by("id")]
+
+
+def revoke_api_key(principal: Principal, name: str) -> ApiKeyInfo:
+    """Revoke a key by name; it stops working at once."""
+    require_superuser(principal)
+    with transaction.atomic(durable=True):
+        row = models.ApiKey.objects.select_for_update().filter(name=name).first()
+        if row is None:
+            raise errors.ApiKeyNotFound(name=name)
+        if row.revoked_at is None:
+            row.revoked_at = timezone.now()
+            row.save(update_fields=["revoked_at"])
+    return _info(row)

@@ -1,0 +1,418 @@
+"""The partitioned log: append (batches, dedup, capacity), read, offsets, retention.
+
+See docs/architecture.md#life-of-a-message and #locks. Offsets are assigned under the partition
+row lock inside the appending transaction, so they are contiguous and never reused.
+"""
+
+import time
+from collections import Counter
+from dataclasses import dataclass
+
+import orjson
+from asgiref.sync import sync_to_async
+from django.db import IntegrityError, connection, transaction
+from django.db.models import Sum
+
+from broker import models
+from broker import settings as ferry_settings
+from broker.core import errors, events, keys, partitioning, topics
+from broker.core.records import (
+    AppendResult,
+    FetchResult,
+    NewMessage,
+    OffsetLookup,
+    Principal,
+    StoredMessage,
+)
+
+# Raw executemany because the ORM's bulk_create costs more per row than the insert itself on
+# the produce hot path (docs/benchmarks.md). Plain SQL that runs on SQLite and PostgreSQL;
+# "offset" and "key" are quoted because they are reserved words on PostgreSQL.
+INSERT_MESSAGES = (
+    'INSERT INTO broker_message (partition_id, "offset", timestamp_ms, "key", tag, headers, '
+    "value, is_json, size_bytes, client_id) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+)
+
+_MESSAGE_FIELDS = (
+    "offset",
+    "timestamp_ms",
+    "key",
+    "tag",
+    "headers",
+    "value",
+    "is_json",
+    "client_id",
+)
+_DEDUP_ATTEMPTS = 3
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@dataclass(frozen=True)
+class _Planned:
+    partition: int
+    message: NewMessage
+    size_bytes: int
+
+
+def message_size(message: NewMessage) -> int:
+    """What counts against max_message_bytes: value, key and headers, in bytes."""
+    size = len(message.value)
+    if message.key is not None:
+        size += len(message.key.encode())
+    for name, value in message.headers.items():
+        size += len(name.encode()) + len(value.encode())
+    return size
+
+
+def _plan(topic: models.Topic, messages: list[NewMessage]) -> list[_Planned]:
+    """Validate every message and choose its partition, before anything is written."""
+    planned = []
+    for index, message in enumerate(messages):
+        if message.partition is not None and not 0 <= message.partition < topic.partition_count:
+            raise errors.PartitionNotFound(
+                f"Topic {topic.name!r} has partitions 0 to {topic.partition_count - 1}.",
+                index=index,
+                partition=message.partition,
+            )
+        size = message_size(message)
+        if size > topic.max_message_bytes:
+            raise errors.MessageTooLarge(
+                f"Message {index} is {size} bytes; topic {topic.name!r} accepts at most "
+                f"{topic.max_message_bytes}.",
+                index=index,
+                size_bytes=size,
+                max_message_bytes=topic.max_message_bytes,
+            )
+        partition = partitioning.choose_partition(
+            topic.partition_count, topic.id, message.partition, message.key
+        )
+        planned.append(_Planned(partition, message, size))
+    return planned
+
+
+def append_messages(
+    principal: Principal, topic_name: str, messages: list[NewMessage]
+) -> list[AppendResult]:
+    """Append a batch in one transaction; results are in the batch's order."""
+    topics.validate_name(topic_name)
+    keys.require(principal, topic_name, "produce")
+    if not messages:
+        raise errors.InvalidRequest("A batch needs at least one message.")
+    limit = ferry_settings.get("MAX_BATCH_MESSAGES")
+    if len(messages) > limit:
+        raise errors.BatchTooLarge(
+            f"A batch holds at most {limit} messages.", messages=len(messages), limit=limit
+        )
+    topic = models.Topic.objects.filter(name=topic_name).first()
+    if topic is None:
+        raise errors.TopicNotFound(name=topic_name)
+    plan = _plan(topic, messages)
+    for attempt in range(_DEDUP_ATTEMPTS):
+        try:
+            return _append_planned(topic, plan)
+        except IntegrityError:
+            # PostgreSQL only: a concurrent producer stored one of these client ids between our
+            # lookup and our insert. The retry sees it and answers duplicate.
+            if attempt == _DEDUP_ATTEMPTS - 1:
+                raise errors.BrokerError("Could not store the batch; retry it.") from None
+    raise AssertionError("unreachable")
+
+
+def _append_planned(topic: models.Topic, plan: list[_Planned]) -> list[AppendResult]:
+    timestamp_ms = now_ms()
+    results: list[AppendResult | None] = [None] * len(plan)
+    client_ids = {p.message.client_id for p in plan if p.message.client_id is not None}
+    with transaction.atomic(durable=True):
+        existing = _known_ids(topic.id, client_ids, timestamp_ms) if client_ids else {}
+        first_index: dict[str, int] = {}
+        duplicate_of: dict[int, int] = {}
+        to_store: list[int] = []
+        for index, planned in enumerate(plan):
+            client_id = planned.message.client_id
+            if client_id is not None:
+                if client_id in existing:
+                    partition, offset = existing[client_id]
+                    results[index] = AppendResult(partition, offset, duplicate=True)
+                    continue
+                if client_id in first_index:
+                    duplicate_of[index] = first_index[client_id]
+                    continue
+                first_index[client_id] = index
+            to_store.append(index)
+        if to_store:
+            _store(topic, plan, to_store, results)
+            if first_index:
+                models.ProducedId.objects.bulk_create(
+                    models.ProducedId(
+                        topic_id=topic.id,
+                        client_id=client_id,
+                        partition_number=results[i].partition,  # type: ignore[union-attr]
+                        offset=results[i].offset,  # type: ignore[union-attr]
+                        created_ms=timestamp_ms,
+                    )
+                    for client_id, i in first_index.items()
+                )
+    for index, first in duplicate_of.items():
+        original = results[first]
+        assert original is not None
+        results[index] = AppendResult(original.partition, original.offset, duplicate=True)
+    return [r for r in results if r is not None]
+
+
+def _known_ids(topic_id: int, client_ids: set[str], timestamp_ms: int) -> dict[str, tuple[int, int]]:
+    """Client ids already stored within the dedup window. Caller holds the write transaction."""
+    cutoff_ms = timestamp_ms - ferry_settings.get("DEDUP_WINDOW_SECONDS") * 1000
+    rows = models.ProducedId.objects.filter(topic_id=topic_id, client_id__in=client_ids)
+    # Ids past the window no longer deduplicate; their rows would trip the unique constraint.
+    rows.filter(created_ms__lt=cutoff_ms).delete()
+    return {r.client_id: (r.partition_number, r.offset) for r in rows}
+
+
+def _store(
+    topic: models.Topic,
+    plan: list[_Planned],
+    to_store: list[int],
+    results: list[AppendResult | None],
+) -> None:
+    """Assign offsets and insert. Caller holds the write transaction."""
+    numbers = sorted({plan[i].partition for i in to_store})
+    # Partition row locks, in number order: serialize offset assignment per partition.
+    locked = models.Partition.objects.select_for_update().filter(
+        topic_id=topic.id, number__in=numbers
+    )
+    partitions = {p.number: p for p in locked.order_by("number")}
+    # Stamped under the lock, so timestamps follow offsets within a partition (one clock).
+    timestamp_ms = now_ms()
+    if len(partitions) != len(numbers):
+        raise errors.TopicNotFound(name=topic.name)
+    if topic.capacity is not None and topic.overflow_policy == models.Topic.Overflow.REJECT:
+        incoming = Counter(plan[i].partition for i in to_store)
+        for number, count in incoming.items():
+            p = partitions[number]
+            if p.next_offset - p.start_offset + count > topic.capacity:
+                raise errors.TopicFull(
+                    f"Partition {number} of {topic.name!r} holds "
+                    f"{p.next_offset - p.start_offset} of {topic.capacity} messages.",
+                    partition=number,
+                    capacity=topic.capacity,
+                    incoming=count,
+                )
+    rows = []
+    for index in to_store:
+        planned = plan[index]
+        message = planned.message
+        p = partitions[planned.partition]
+        offset = p.next_offset
+        p.next_offset += 1
+        p.bytes_stored += planned.size_bytes
+        rows.append(
+            (
+                p.id,
+                offset,
+                timestamp_ms,
+                message.key,
+                message.tag,
+                orjson.dumps(message.headers).decode(),
+                message.value,
+                message.is_json,
+                planned.size_bytes,
+                message.client_id,
+            )
+        )
+        results[index] = AppendResult(planned.partition, offset, duplicate=False)
+    with connection.cursor() as cursor:
+        cursor.executemany(INSERT_MESSAGES, rows)
+    for p in partitions.values():
+        if topic.capacity is not None and p.next_offset - p.start_offset > topic.capacity:
+            # drop_oldest: the reject policy raised above, before any insert.
+            _truncate(p, p.next_offset - topic.capacity)
+        p.save(update_fields=["next_offset", "start_offset", "bytes_stored"])
+    events.messages_appended(topic.id, {p.number: p.next_offset for p in partitions.values()})
+
+
+def _truncate(partition: models.Partition, new_start: int) -> int:
+    """Delete messages below new_start and advance start_offset. Caller holds the partition lock."""
+    if new_start <= partition.start_offset:
+        return 0
+    doomed = models.Message.objects.filter(partition_id=partition.id, offset__lt=new_start)
+    freed = doomed.aggregate(total=Sum("size_bytes"))["total"] or 0
+    doomed.delete()
+    removed = new_start - partition.start_offset
+    partition.start_offset = new_start
+    partition.bytes_stored = max(0, partition.bytes_stored - freed)
+    return removed
+
+
+def _partition(principal: Principal, topic_name: str, number: int) -> models.Partition:
+    topics.validate_name(topic_name)
+    keys.require(principal, topic_name, "consume")
+    row = (
+        models.Partition.objects.select_related("topic")
+        .filter(topic__name=topic_name, number=number)
+        .first()
+    )
+    if row is None:
+        if not models.Topic.objects.filter(name=topic_name).exists():
+            raise errors.TopicNotFound(name=topic_name)
+        raise errors.PartitionNotFound(topic=topic_name, partition=number)
+    return row
+
+
+def read_partition(partition_id: int, number: int, offset: int, limit: int) -> list[StoredMessage]:
+    """Stored messages of one partition from offset on, at most limit (no permission check)."""
+    rows = (
+        models.Message.objects.filter(
+            partition_id=partition_id, offset__gte=offset, offset__lt=offset + limit
+        )
+        .order_by("offset")
+        .values_list(*_MESSAGE_FIELDS)
+    )
+    return [
+        StoredMessage(number, o, ts, key, tag, headers, bytes(value), is_json, client_id)
+        for o, ts, key, tag, headers, value, is_json, client_id in rows
+    ]
+
+
+def read_messages(
+    principal: Principal, topic_name: str, partition: int, offset: int | None, limit: int
+) -> FetchResult:
+    """Messages of one partition from offset (default: its start offset), at most limit."""
+    max_limit = ferry_settings.get("MAX_FETCH_MESSAGES")
+    if not 1 <= limit <= max_limit:
+        raise errors.InvalidRequest(f"limit must be between 1 and {max_limit}.", limit=limit)
+    p = _partition(principal, topic_name, partition)
+    start = p.start_offset if offset is None else offset
+    if not p.start_offset <= start <= p.next_offset:
+        raise errors.OffsetOutOfRange(
+            f"Offset {start} is outside {p.start_offset}..{p.next_offset} of partition {partition}.",
+            offset=start,
+            start_offset=p.start_offset,
+            end_offset=p.next_offset,
+        )
+    messages = read_partition(p.id, partition, start, limit)
+    next_offset = messages[-1].offset + 1 if messages else start
+    return FetchResult(
+        topic_id=p.topic_id,
+        partition=partition,
+        messages=tuple(messages),
+        next_offset=next_offset,
+        start_offset=p.start_offset,
+        end_offset=max(p.next_offset, next_offset),
+    )
+
+
+def validate_max_wait(max_wait_ms: int) -> None:
+    limit = ferry_settings.get("MAX_WAIT_MS")
+    if not 0 <= max_wait_ms <= limit:
+        raise errors.InvalidRequest(
+            f"max_wait_ms must be between 0 and {limit}.", max_wait_ms=max_wait_ms
+        )
+
+
+async def read_messages_async(
+    principal: Principal,
+    topic_name: str,
+    partition: int,
+    offset: int | None,
+    limit: int,
+    max_wait_ms: int,
+) -> FetchResult:
+    """read_messages, waiting up to max_wait_ms for a message when there is none yet."""
+    validate_max_wait(max_wait_ms)
+    read = sync_to_async(read_messages)
+    return await events.long_poll(
+        lambda: read(principal, topic_name, partition, offset, limit),
+        is_empty=lambda r: not r.messages,
+        topic_id_of=lambda r: r.topic_id,
+        max_wait_ms=max_wait_ms,
+    )
+
+
+def list_offsets(
+    principal: Principal, topic_name: str, timestamp_ms: int | None = None
+) -> list[OffsetLookup]:
+    """Per partition: start and end offsets, and the first offset at or after timestamp_ms."""
+    info = topics.get_topic(principal, topic_name)
+    found: dict[int, int] = {}
+    if timestamp_ms is not None:
+        for p in models.Partition.objects.filter(topic_id=info.id):
+            first = (
+                models.Message.objects.filter(partition_id=p.id, timestamp_ms__gte=timestamp_ms)
+                .order_by("timestamp_ms", "offset")
+                .values_list("offset", flat=True)
+                .first()
+            )
+            found[p.number] = p.next_offset if first is None else first
+    return [
+        OffsetLookup(
+            partition=p.number,
+            start_offset=p.start_offset,
+            end_offset=p.end_offset,
+            offset_for_timestamp=found.get(p.number),
+        )
+        for p in info.partitions
+    ]
+
+
+def apply_retention(batch_size: int = 10_000) -> int:
+    """Delete messages past their topic's retention time or size; returns how many went."""
+    removed = 0
+    cutoff_now = now_ms()
+    topics_with_retention = models.Topic.objects.exclude(
+        retention_ms__isnull=True, retention_bytes__isnull=True
+    )
+    for topic in topics_with_retention:
+        for partition_id in topic.partitions.values_list("id", flat=True):
+            # Bounded batches keep each lock short; a long backlog takes several rounds.
+            while (count := _retain_partition(topic, partition_id, cutoff_now, batch_size)) > 0:
+                removed += count
+                if count < batch_size:
+                    break
+    return removed
+
+
+def _retain_partition(topic: models.Topic, partition_id: int, now: int, batch_size: int) -> int:
+    with transaction.atomic(durable=True):
+        # Partition lock: retention moves start_offset, which appends and drop_oldest also move.
+        p = models.Partition.objects.select_for_update().filter(id=partition_id).first()
+        if p is None or p.start_offset == p.next_offset:
+            return 0
+        new_start = p.start_offset
+        if topic.retention_ms is not None:
+            kept = (
+                models.Message.objects.filter(
+                    partition_id=p.id, timestamp_ms__gte=now - topic.retention_ms
+                )
+                .order_by("timestamp_ms", "offset")
+                .values_list("offset", flat=True)
+                .first()
+            )
+            new_start = p.next_offset if kept is None else max(new_start, kept)
+        if topic.retention_bytes is not None and p.bytes_stored > topic.retention_bytes:
+            excess = p.bytes_stored - topic.retention_bytes
+            sizes = (
+                models.Message.objects.filter(partition_id=p.id, offset__gte=p.start_offset)
+                .order_by("offset")
+                .values_list("offset", "size_bytes")
+            )
+            for offset, size in sizes.iterator(chunk_size=2000):
+                if excess <= 0:
+                    break
+                excess -= size
+                new_start = max(new_start, offset + 1)
+        new_start = min(new_start, p.start_offset + batch_size)
+        removed = _truncate(p, new_start)
+        if removed:
+            p.save(update_fields=["start_offset", "bytes_stored"])
+    return removed
+
+
+def purge_produced_ids() -> int:
+    """Forget client message ids older than the dedup window."""
+    cutoff_ms = now_ms() - ferry_settings.get("DEDUP_WINDOW_SECONDS") * 1000
+    with transaction.atomic(durable=True):
+        deleted, _ = models.ProducedId.objects.filter(created_ms__lt=cutoff_ms).delete()
+    return deleted

@@ -1,0 +1,70 @@
+"""Pure partition choice: explicit number, else Kafka's murmur2 key hash, else round robin.
+
+See docs/decisions/0002-key-hash.md: the hash is Kafka's default partitioner, so a key lands on
+the same partition in every process and every release, and on the same one as in Kafka.
+"""
+
+import itertools
+import threading
+
+_SEED = 0x9747B28C
+_M = 0x5BD1E995
+_MASK = 0xFFFFFFFF
+
+
+def murmur2(data: bytes) -> int:
+    """Kafka's murmur2 (org.apache.kafka.common.utils.Utils.murmur2), as a signed 32-bit int."""
+    length = len(data)
+    h = (_SEED ^ length) & _MASK
+    tail = length - length % 4
+    for i in range(0, tail, 4):
+        k = int.from_bytes(data[i : i + 4], "little")
+        k = (k * _M) & _MASK
+        k ^= k >> 24
+        k = (k * _M) & _MASK
+        h = (h * _M) & _MASK
+        h ^= k
+    remaining = length % 4
+    if remaining == 3:
+        h ^= data[tail + 2] << 16
+    if remaining >= 2:
+        h ^= data[tail + 1] << 8
+    if remaining >= 1:
+        h ^= data[tail]
+        h = (h * _M) & _MASK
+    h ^= h >> 13
+    h = (h * _M) & _MASK
+    h ^= h >> 15
+    return h - (1 << 32) if h & 0x80000000 else h
+
+
+def partition_for_key(key: str, partition_count: int) -> int:
+    """The partition of a key: Kafka's toPositive(murmur2(utf8(key))) % partitions."""
+    return (murmur2(key.encode()) & 0x7FFFFFFF) % partition_count
+
+
+class RoundRobin:
+    """Per-process round robin over a topic's partitions for messages with no key (thread safe)."""
+
+    def __init__(self) -> None:
+        self._counters: dict[int, itertools.count[int]] = {}
+        self._lock = threading.Lock()
+
+    def next(self, topic_id: int, partition_count: int) -> int:
+        with self._lock:
+            counter = self._counters.setdefault(topic_id, itertools.count())
+            return next(counter) % partition_count
+
+
+_round_robin = RoundRobin()
+
+
+def choose_partition(
+    partition_count: int, topic_id: int, partition: int | None, key: str | None
+) -> int:
+    """Explicit partition, else the key's hash, else the next partition in round robin."""
+    if partition is not None:
+        return partition
+    if key is not None:
+        return partition_for_key(key, partition_count)
+    return _round_robin.next(topic_id, partition_count)

@@ -1,0 +1,34 @@
+"""THE table of background jobs: Celery beat and the in-process runner both read it.
+
+See docs/architecture.md#background-jobs. Functions are named by dotted path so this table can
+be read before Django's apps are loaded (Celery builds its beat schedule from it at import).
+"""
+
+from dataclasses import dataclass
+from typing import Any
+
+from django.utils.module_loading import import_string
+
+from broker import settings as ferry_settings
+
+
+@dataclass(frozen=True)
+class Job:
+    name: str
+    function: str  # dotted path to a core function taking no arguments
+    interval_setting: str  # the FERRY_<NAME> setting holding the interval in seconds
+
+    @property
+    def interval_seconds(self) -> float:
+        return float(ferry_settings.get(self.interval_setting))
+
+    def run(self) -> Any:
+        return import_string(self.function)()
+
+
+JOBS: tuple[Job, ...] = (
+    Job("apply_retention", "broker.core.log.apply_retention", "RETENTION_INTERVAL_SECONDS"),
+    Job("purge_produced_ids", "broker.core.log.purge_produced_ids", "DEDUP_PURGE_INTERVAL_SECONDS"),
+)
+
+BY_NAME = {job.name: job for job in JOBS}

@@ -1,0 +1,170 @@
+"""Frozen records the core returns instead of model instances (docs/architecture.md#records)."""
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Permission:
+    action: str  # "produce" | "consume" | "admin"
+    pattern: str  # a glob over topic names, e.g. "orders.*"
+
+    def __str__(self) -> str:
+        return f"{self.action}:{self.pattern}"
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who is calling: an API key, or the console (management commands, embedded jobs)."""
+
+    name: str
+    permissions: tuple[Permission, ...] = ()
+    is_system: bool = False
+    key_id: int | None = None
+
+
+@dataclass(frozen=True)
+class ApiKeyInfo:
+    id: int
+    name: str
+    prefix: str
+    permissions: tuple[Permission, ...]
+    created_at_ms: int
+    revoked: bool
+
+
+@dataclass(frozen=True)
+class PartitionInfo:
+    number: int
+    start_offset: int
+    end_offset: int
+
+    @property
+    def message_count(self) -> int:
+        return self.end_offset - self.start_offset
+
+
+@dataclass(frozen=True)
+class TopicInfo:
+    id: int
+    name: str
+    partition_count: int
+    retention_ms: int | None
+    retention_bytes: int | None
+    max_message_bytes: int
+    capacity: int | None
+    overflow_policy: str
+    created_at_ms: int
+    partitions: tuple[PartitionInfo, ...] = ()
+
+
+@dataclass(frozen=True)
+class NewMessage:
+    """A message to append, already validated for shape by the edge."""
+
+    value: bytes
+    is_json: bool = True
+    key: str | None = None
+    tag: str | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+    partition: int | None = None
+    client_id: str | None = None
+
+
+@dataclass(frozen=True)
+class AppendResult:
+    partition: int
+    offset: int
+    duplicate: bool
+
+
+@dataclass(frozen=True)
+class StoredMessage:
+    partition: int
+    offset: int
+    timestamp_ms: int
+    key: str | None
+    tag: str | None
+    headers: dict[str, str]
+    value: bytes
+    is_json: bool
+    client_id: str | None
+
+
+@dataclass(frozen=True)
+class FetchResult:
+    topic_id: int
+    partition: int
+    messages: tuple[StoredMessage, ...]
+    next_offset: int
+    start_offset: int
+    end_offset: int
+
+
+@dataclass(frozen=True)
+class OffsetLookup:
+    partition: int
+    start_offset: int
+    end_offset: int
+    # The earliest offset with timestamp_ms >= the asked timestamp (end_offset if none), or None.
+    offset_for_timestamp: int | None
+
+
+@dataclass(frozen=True)
+class PartitionLag:
+    partition: int
+    committed_offset: int
+    start_offset: int
+    end_offset: int
+
+    @property
+    def lag(self) -> int:
+        return max(0, self.end_offset - max(self.committed_offset, self.start_offset))
+
+
+@dataclass(frozen=True)
+class GroupTopicOffsets:
+    group: str
+    topic: str
+    capacity: int | None
+    partitions: tuple[PartitionLag, ...]
+
+    @property
+    def max_offset(self) -> int:
+        """The highest stored offset of any partition, -1 when the topic is empty (seed 000's maxIndex)."""
+        return max((p.end_offset for p in self.partitions), default=0) - 1
+
+    @property
+    def committed_total(self) -> int:
+        return sum(p.committed_offset for p in self.partitions)
+
+    @property
+    def end_total(self) -> int:
+        return sum(p.end_offset for p in self.partitions)
+
+    @property
+    def lag(self) -> int:
+        return sum(p.lag for p in self.partitions)
+
+
+@dataclass(frozen=True)
+class GroupInfo:
+    name: str
+    created_at_ms: int
+    topics: tuple[GroupTopicOffsets, ...]
+
+
+@dataclass(frozen=True)
+class PollResult:
+    topic_id: int
+    group: str
+    topic: str
+    messages: tuple[StoredMessage, ...]
+    # Per partition, the offset after the last returned message: what to commit to move past them.
+    next_offsets: dict[int, int]
+    committed: bool
+
+
+@dataclass(frozen=True)
+class Overview:
+    topics: tuple[TopicInfo, ...]
+    groups: tuple[GroupTopicOffsets, ...]

@@ -1,0 +1,193 @@
+"""Topics: create, describe, list, alter (grow partitions, limits), delete (docs/architecture.md#topics)."""
+
+import re
+
+from django.db import IntegrityError, transaction
+
+from broker import models
+from broker import settings as ferry_settings
+from broker.core import errors, keys
+from broker.core.records import PartitionInfo, Principal, TopicInfo
+
+NAME_RE = re.compile(r"[A-Za-z0-9._-]{1,200}")
+OVERFLOW_POLICIES = tuple(models.Topic.Overflow.values)
+_UNSET = object()
+
+
+def validate_name(name: str) -> None:
+    if not NAME_RE.fullmatch(name or ""):
+        raise errors.InvalidTopicName(name=name)
+
+
+def to_info(topic: models.Topic, partitions: list[models.Partition] | None = None) -> TopicInfo:
+    return TopicInfo(
+        id=topic.id,
+        name=topic.name,
+        partition_count=topic.partition_count,
+        retention_ms=topic.retention_ms,
+        retention_bytes=topic.retention_bytes,
+        max_message_bytes=topic.max_message_bytes,
+        capacity=topic.capacity,
+        overflow_policy=topic.overflow_policy,
+        created_at_ms=int(topic.created_at.timestamp() * 1000),
+        partitions=tuple(
+            PartitionInfo(number=p.number, start_offset=p.start_offset, end_offset=p.next_offset)
+            for p in partitions or ()
+        ),
+    )
+
+
+def _validate_limits(
+    retention_ms: int | None,
+    retention_bytes: int | None,
+    max_message_bytes: int | None,
+    capacity: int | None,
+    overflow_policy: str | None,
+) -> None:
+    for field, value in (
+        ("retention_ms", retention_ms),
+        ("retention_bytes", retention_bytes),
+        ("max_message_bytes", max_message_bytes),
+        ("capacity", capacity),
+    ):
+        if value is not None and value < 1:
+            raise errors.InvalidRequest(f"{field} must be at least 1.", field=field, value=value)
+    if overflow_policy is not None and overflow_policy not in OVERFLOW_POLICIES:
+        raise errors.InvalidRequest(
+            f"overflow_policy must be one of {', '.join(OVERFLOW_POLICIES)}.",
+            overflow_policy=overflow_policy,
+        )
+
+
+def _validate_partition_count(partitions: int) -> None:
+    limit = ferry_settings.get("MAX_PARTITIONS")
+    if not 1 <= partitions <= limit:
+        raise errors.InvalidPartitionCount(
+            f"partitions must be between 1 and {limit}.", partitions=partitions
+        )
+
+
+def create_topic(
+    principal: Principal,
+    name: str,
+    partitions: int | None = None,
+    *,
+    retention_ms: int | None = None,
+    retention_bytes: int | None = None,
+    max_message_bytes: int | None = None,
+    capacity: int | None = None,
+    overflow_policy: str = models.Topic.Overflow.REJECT,
+) -> TopicInfo:
+    """Create a topic with its partitions."""
+    validate_name(name)
+    keys.require(principal, name, "admin")
+    partitions = partitions or ferry_settings.get("DEFAULT_PARTITIONS")
+    _validate_partition_count(partitions)
+    _validate_limits(retention_ms, retention_bytes, max_message_bytes, capacity, overflow_policy)
+    try:
+        with transaction.atomic(durable=True):
+            topic = models.Topic.objects.create(
+                name=name,
+                partition_count=partitions,
+                retention_ms=retention_ms,
+                retention_bytes=retention_bytes,
+                max_message_bytes=max_message_bytes or ferry_settings.get("MAX_MESSAGE_BYTES"),
+                capacity=capacity,
+                overflow_policy=overflow_policy,
+            )
+            rows = models.Partition.objects.bulk_create(
+                models.Partition(topic=topic, number=n) for n in range(partitions)
+            )
+    except IntegrityError:
+        raise errors.TopicExists(name=name) from None
+    return to_info(topic, rows)
+
+
+def get_topic(principal: Principal, name: str, action: str = "consume") -> TopicInfo:
+    """A topic with its partitions' start and end offsets."""
+    validate_name(name)
+    keys.require(principal, name, action)
+    topic = models.Topic.objects.filter(name=name).first()
+    if topic is None:
+        raise errors.TopicNotFound(name=name)
+    return to_info(topic, list(topic.partitions.order_by("number")))
+
+
+def list_topics(principal: Principal) -> list[TopicInfo]:
+    """Every topic the principal may produce to, consume from or administer, by name."""
+    topics = [
+        t
+        for t in models.Topic.objects.order_by("name")
+        if any(keys.allows(principal, t.name, action) for action in keys.ACTIONS)
+    ]
+    by_topic: dict[int, list[models.Partition]] = {t.id: [] for t in topics}
+    for p in models.Partition.objects.filter(topic_id__in=by_topic).order_by("number"):
+        by_topic[p.topic_id].append(p)
+    return [to_info(t, by_topic[t.id]) for t in topics]
+
+
+def alter_topic(
+    principal: Principal,
+    name: str,
+    *,
+    partitions: int | None = None,
+    retention_ms: int | None | object = _UNSET,
+    retention_bytes: int | None | object = _UNSET,
+    max_message_bytes: int | None = None,
+    capacity: int | None | object = _UNSET,
+    overflow_policy: str | None = None,
+) -> TopicInfo:
+    """Change a topic's limits or grow its partitions; a field left out keeps its value."""
+    validate_name(name)
+    keys.require(principal, name, "admin")
+    nullable = {"retention_ms": retention_ms, "retention_bytes": retention_bytes, "capacity": capacity}
+    given = {k: v for k, v in nullable.items() if v is not _UNSET}
+    _validate_limits(
+        given.get("retention_ms"),  # type: ignore[arg-type]
+        given.get("retention_bytes"),  # type: ignore[arg-type]
+        max_message_bytes,
+        given.get("capacity"),  # type: ignore[arg-type]
+        overflow_policy,
+    )
+    if partitions is not None:
+        _validate_partition_count(partitions)
+    with transaction.atomic(durable=True):
+        # Topic lock: serializes partition growth with appends that read partition_count.
+        topic = models.Topic.objects.select_for_update().filter(name=name).first()
+        if topic is None:
+            raise errors.TopicNotFound(name=name)
+        changed = list(given)
+        for field, value in given.items():
+            setattr(topic, field, value)
+        if max_message_bytes is not None:
+            topic.max_message_bytes = max_message_bytes
+            changed.append("max_message_bytes")
+        if overflow_policy is not None:
+            topic.overflow_policy = overflow_policy
+            changed.append("overflow_policy")
+        if partitions is not None and partitions != topic.partition_count:
+            if partitions < topic.partition_count:
+                raise errors.InvalidPartitionCount(
+                    "Partitions can grow but never shrink.",
+                    partitions=partitions,
+                    current=topic.partition_count,
+                )
+            models.Partition.objects.bulk_create(
+                models.Partition(topic=topic, number=n)
+                for n in range(topic.partition_count, partitions)
+            )
+            topic.partition_count = partitions
+            changed.append("partition_count")
+        if changed:
+            topic.save(update_fields=changed)
+    return to_info(topic, list(topic.partitions.order_by("number")))
+
+
+def delete_topic(principal: Principal, name: str) -> None:
+    """Delete a topic with its messages and every group's offsets on it."""
+    validate_name(name)
+    keys.require(principal, name, "admin")
+    with transaction.atomic(durable=True):
+        deleted, _ = models.Topic.objects.filter(name=name).delete()
+    if not deleted:
+        raise errors.TopicNotFound(name=name)

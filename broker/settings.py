@@ -1,0 +1,44 @@
+"""Typed FERRY_* settings: the only place broker code reads configuration (docs/architecture.md)."""
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from django.conf import settings as django_settings
+
+
+@dataclass(frozen=True)
+class Defaults:
+    # Topic defaults (a topic may override them).
+    MAX_MESSAGE_BYTES: int = 1024 * 1024
+    DEFAULT_PARTITIONS: int = 1
+    MAX_PARTITIONS: int = 1024
+    # Produce.
+    MAX_BATCH_MESSAGES: int = 10_000
+    DEDUP_WINDOW_SECONDS: int = 24 * 3600
+    # Fetch and poll.
+    MAX_FETCH_MESSAGES: int = 10_000
+    MAX_WAIT_MS: int = 30_000
+    # Background jobs: run inside the server process (the embedded default) unless Celery runs them.
+    BACKGROUND_IN_PROCESS: bool = True
+    RETENTION_INTERVAL_SECONDS: float = 30.0
+    DEDUP_PURGE_INTERVAL_SECONDS: float = 300.0
+
+
+_ENV_NAMES = {name: f"FERRY_{name}" for name in Defaults.__dataclass_fields__}
+
+
+def _convert(raw: str, default: Any) -> Any:
+    if isinstance(default, bool):
+        return raw.strip().lower() in {"1", "true", "yes", "on"}
+    return type(default)(raw)
+
+
+def get(name: str) -> Any:
+    """A FERRY_<name> value: Django setting, else environment variable, else the default."""
+    default = getattr(Defaults, name)
+    full_name = _ENV_NAMES[name]
+    if hasattr(django_settings, full_name):
+        return getattr(django_settings, full_name)
+    raw = os.environ.get(full_name)
+    return default if raw is None else _convert(raw, default)

@@ -1,0 +1,7 @@
+"""Django app config for the dashboard."""
+
+from django.apps import AppConfig
+
+
+class DashboardConfig(AppConfig):
+    name = "dashboard"

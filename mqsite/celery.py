@@ -1,0 +1,25 @@
+"""The Celery app: Redis broker, beat schedule built from broker/core/periodic.py."""
+
+import os
+
+from celery import Celery
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "mqsite.settings")
+
+app = Celery("mqsite")
+app.config_from_object("django.conf:settings", namespace="CELERY")
+app.autodiscover_tasks(["broker"])
+
+
+@app.on_after_configure.connect
+def build_beat_schedule(sender: Celery, **kwargs: object) -> None:
+    from broker.core import periodic
+
+    sender.conf.beat_schedule = {
+        job.name: {
+            "task": "broker.run_periodic_job",
+            "schedule": job.interval_seconds,
+            "args": (job.name,),
+        }
+        for job in periodic.JOBS
+    }
