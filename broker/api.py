@@ -116,7 +116,9 @@ def on_authentication_error(request: HttpRequest, exc: AuthenticationError) -> H
 
 @api.exception_handler(RequestDataTooBig)
 def on_request_too_big(request: HttpRequest, exc: RequestDataTooBig) -> HttpResponse:
-    return error_response("request_too_large", "The request body is larger than the broker accepts.")
+    return error_response(
+        "request_too_large", "The request body is larger than the broker accepts."
+    )
 
 
 def topic_out(info: TopicInfo) -> dict[str, Any]:
@@ -330,4 +332,3 @@ def overview(request: HttpRequest) -> dict[str, Any]:
         "topics": [topic_out(t) for t in result.topics],
         "groups": [group_topic_out(g) for g in result.groups],
     }
-

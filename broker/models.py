@@ -1,4 +1,4 @@
-"""Broker tables, one model per DESIGN.md concept; rules live in broker/core (docs/architecture.md)."""
+"""Broker tables, one model per DESIGN.md concept; the rules live in broker/core/."""
 
 from django.db import models
 
@@ -13,7 +13,7 @@ class Topic(models.Model):
     retention_ms = models.BigIntegerField(null=True, blank=True)
     retention_bytes = models.BigIntegerField(null=True, blank=True)
     max_message_bytes = models.PositiveIntegerField()
-    # Capacity counts retained messages per partition (docs/decisions/0003-capacity-per-partition.md).
+    # Capacity counts retained messages per partition (docs/decisions/0003-capacity.md).
     capacity = models.PositiveBigIntegerField(null=True, blank=True)
     overflow_policy = models.CharField(
         max_length=16, choices=Overflow.choices, default=Overflow.REJECT
@@ -27,7 +27,7 @@ class Topic(models.Model):
 class Partition(models.Model):
     topic = models.ForeignKey(Topic, on_delete=models.CASCADE, related_name="partitions")
     number = models.PositiveIntegerField()
-    # The offset the next appended message gets; locked with SELECT ... FOR UPDATE to assign offsets.
+    # The offset the next appended message gets; its row lock serializes offset assignment.
     next_offset = models.BigIntegerField(default=0)
     # The lowest offset still stored; retention and drop_oldest advance it.
     start_offset = models.BigIntegerField(default=0)

@@ -1,4 +1,4 @@
-"""Django settings for Ferry, read from the environment with embedded defaults (docs/architecture.md)."""
+"""Django settings for Ferry, from the environment with embedded defaults (docs/architecture.md)."""
 
 import os
 from pathlib import Path
@@ -18,9 +18,15 @@ def env_bool(name: str, default: bool) -> bool:
 
 DEBUG = env_bool("DJANGO_DEBUG", False)
 # The embedded default listens on loopback only; a deployment sets its own key and hosts.
-SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "ferry-embedded-insecure-key-set-DJANGO_SECRET_KEY")
-ALLOWED_HOSTS = os.environ.get("DJANGO_ALLOWED_HOSTS", "127.0.0.1,localhost,[::1],testserver").split(",")
-CSRF_TRUSTED_ORIGINS = [o for o in os.environ.get("DJANGO_CSRF_TRUSTED_ORIGINS", "").split(",") if o]
+SECRET_KEY = os.environ.get(
+    "DJANGO_SECRET_KEY", "ferry-embedded-insecure-key-set-DJANGO_SECRET_KEY"
+)
+ALLOWED_HOSTS = os.environ.get(
+    "DJANGO_ALLOWED_HOSTS", "127.0.0.1,localhost,[::1],testserver"
+).split(",")
+CSRF_TRUSTED_ORIGINS = [
+    o for o in os.environ.get("DJANGO_CSRF_TRUSTED_ORIGINS", "").split(",") if o
+]
 
 INSTALLED_APPS = [
     "daphne",
@@ -37,6 +43,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -122,7 +129,9 @@ USE_TZ = True
 
 STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
-STATIC_ROOT = DATA_DIR / "staticfiles"
+# WhiteNoise serves admin, API docs and dashboard assets straight from the apps' static
+# folders, so the embedded run needs no collectstatic step and no web server in front.
+WHITENOISE_USE_FINDERS = True
 
 LOGIN_URL = "/admin/login/"
 

@@ -1,1 +1,4 @@
-"""The broker's rule book: plain functions over the models, called by every edge (docs/architecture.md)."""
+"""The broker's rule book: plain functions over the models, called by every edge.
+
+See docs/architecture.md.
+"""

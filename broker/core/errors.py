@@ -1,4 +1,4 @@
-"""The BrokerError tree: every error the core raises, each with a stable code (docs/api.md#errors)."""
+"""The BrokerError tree: every error the core raises, each with a stable code (docs/api.md)."""
 
 from typing import Any
 

@@ -1,4 +1,4 @@
-"""Consumer groups: committed offsets, poll, commit, lag and the overview (docs/architecture.md#groups).
+"""Consumer groups: committed offsets, poll, commit, lag and the overview (architecture.md).
 
 A committed offset is the next offset the group reads (Kafka's convention). A group that has
 never committed on a partition starts at the partition's start offset: seed 000's "consume the

@@ -66,7 +66,7 @@ def hash_key(secret: str) -> str:
 
 
 def authenticate(secret: str | None) -> Principal:
-    """The principal for a bearer key; raises Unauthenticated for a missing, unknown or revoked key."""
+    """The principal for a bearer key; Unauthenticated for a missing, unknown or revoked key."""
     if not secret:
         raise errors.Unauthenticated()
     row = (

@@ -153,16 +153,20 @@ def _append_planned(topic: models.Topic, plan: list[_Planned]) -> list[AppendRes
                         offset=results[i].offset,  # type: ignore[union-attr]
                         created_ms=timestamp_ms,
                     )
-                    for client_id, i in first_index.items()
+                    # Sorted: concurrent producers insert shared ids in one order, so on
+                    # PostgreSQL they wait on each other instead of deadlocking.
+                    for client_id, i in sorted(first_index.items())
                 )
     for index, first in duplicate_of.items():
         original = results[first]
-        assert original is not None
-        results[index] = AppendResult(original.partition, original.offset, duplicate=True)
+        if original is not None:
+            results[index] = AppendResult(original.partition, original.offset, duplicate=True)
     return [r for r in results if r is not None]
 
 
-def _known_ids(topic_id: int, client_ids: set[str], timestamp_ms: int) -> dict[str, tuple[int, int]]:
+def _known_ids(
+    topic_id: int, client_ids: set[str], timestamp_ms: int
+) -> dict[str, tuple[int, int]]:
     """Client ids already stored within the dedup window. Caller holds the write transaction."""
     cutoff_ms = timestamp_ms - ferry_settings.get("DEDUP_WINDOW_SECONDS") * 1000
     rows = models.ProducedId.objects.filter(topic_id=topic_id, client_id__in=client_ids)
@@ -287,7 +291,8 @@ def read_messages(
     start = p.start_offset if offset is None else offset
     if not p.start_offset <= start <= p.next_offset:
         raise errors.OffsetOutOfRange(
-            f"Offset {start} is outside {p.start_offset}..{p.next_offset} of partition {partition}.",
+            f"Offset {start} is outside partition {partition}'s range "
+            f"{p.start_offset}..{p.next_offset}.",
             offset=start,
             start_offset=p.start_offset,
             end_offset=p.next_offset,

@@ -130,7 +130,7 @@ class GroupTopicOffsets:
 
     @property
     def max_offset(self) -> int:
-        """The highest stored offset of any partition, -1 when the topic is empty (seed 000's maxIndex)."""
+        """The highest offset of any partition, -1 when the topic is empty (seed 000's maxIndex)."""
         return max((p.end_offset for p in self.partitions), default=0) - 1
 
     @property

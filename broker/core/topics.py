@@ -1,4 +1,4 @@
-"""Topics: create, describe, list, alter (grow partitions, limits), delete (docs/architecture.md#topics)."""
+"""Topics: create, describe, list, alter (grow partitions, limits), delete (architecture.md)."""
 
 import re
 
@@ -81,7 +81,8 @@ def create_topic(
     """Create a topic with its partitions."""
     validate_name(name)
     keys.require(principal, name, "admin")
-    partitions = partitions or ferry_settings.get("DEFAULT_PARTITIONS")
+    if partitions is None:
+        partitions = ferry_settings.get("DEFAULT_PARTITIONS")
     _validate_partition_count(partitions)
     _validate_limits(retention_ms, retention_bytes, max_message_bytes, capacity, overflow_policy)
     try:
@@ -131,16 +132,20 @@ def alter_topic(
     name: str,
     *,
     partitions: int | None = None,
-    retention_ms: int | None | object = _UNSET,
-    retention_bytes: int | None | object = _UNSET,
+    retention_ms: object = _UNSET,
+    retention_bytes: object = _UNSET,
     max_message_bytes: int | None = None,
-    capacity: int | None | object = _UNSET,
+    capacity: object = _UNSET,
     overflow_policy: str | None = None,
 ) -> TopicInfo:
     """Change a topic's limits or grow its partitions; a field left out keeps its value."""
     validate_name(name)
     keys.require(principal, name, "admin")
-    nullable = {"retention_ms": retention_ms, "retention_bytes": retention_bytes, "capacity": capacity}
+    nullable = {
+        "retention_ms": retention_ms,
+        "retention_bytes": retention_bytes,
+        "capacity": capacity,
+    }
     given = {k: v for k, v in nullable.items() if v is not _UNSET}
     _validate_limits(
         given.get("retention_ms"),  # type: ignore[arg-type]

@@ -1,0 +1,52 @@
+"""A producer or poller in its own process, against the test database named by FERRY_TEST_DB_NAME.
+
+Usage: python -m tests.concurrency.worker produce TOPIC BATCHES BATCH_SIZE [ID_PREFIX]
+       python -m tests.concurrency.worker poll TOPIC GROUP ROUNDS
+Prints one JSON document with what it stored or received.
+"""
+
+import os
+import sys
+
+import django
+import orjson
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
+django.setup()
+
+from broker.core import groups, keys, log  # noqa: E402
+from broker.core.records import NewMessage  # noqa: E402
+
+
+def produce(topic: str, batches: int, batch_size: int, id_prefix: str = "") -> list:
+    stored = []
+    for b in range(batches):
+        batch = [
+            NewMessage(
+                value=orjson.dumps([os.getpid(), b, i]),
+                client_id=f"{id_prefix}{b}-{i}" if id_prefix else None,
+            )
+            for i in range(batch_size)
+        ]
+        stored += [
+            (r.partition, r.offset, r.duplicate)
+            for r in log.append_messages(keys.CONSOLE, topic, batch)
+        ]
+    return stored
+
+
+def poll(topic: str, group: str, rounds: int) -> list:
+    got = []
+    for _ in range(rounds):
+        result = groups.poll_messages(keys.CONSOLE, group, topic, 7, auto_commit=True)
+        got += [(m.partition, m.offset) for m in result.messages]
+    return got
+
+
+if __name__ == "__main__":
+    command, *args = sys.argv[1:]
+    if command == "produce":
+        out = produce(args[0], int(args[1]), int(args[2]), *(args[3:4]))
+    else:
+        out = poll(args[0], args[1], int(args[2]))
+    sys.stdout.write(orjson.dumps(out).decode())

@@ -1,0 +1,57 @@
+"""Shared fixtures: factories for keys and topics, an authenticated API client, live servers."""
+
+import itertools
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from django.test import Client
+
+from broker.core import keys, topics
+from broker.core.records import Principal, TopicInfo
+
+_names = itertools.count()
+
+
+@pytest.fixture
+def console() -> Principal:
+    return keys.CONSOLE
+
+
+@pytest.fixture
+def key_factory(db: None) -> Callable[..., tuple[Principal, str]]:
+    """Create an API key; returns its principal and its secret."""
+
+    def make(*permissions: str, name: str | None = None) -> tuple[Principal, str]:
+        perms = [keys.parse_permission(p) for p in permissions or ("admin:*",)]
+        _, secret = keys.create_api_key(keys.CONSOLE, name or f"key-{next(_names)}", perms)
+        return keys.authenticate(secret), secret
+
+    return make
+
+
+@pytest.fixture
+def topic_factory(db: None) -> Callable[..., TopicInfo]:
+    def make(name: str | None = None, partitions: int = 1, **options: Any) -> TopicInfo:
+        return topics.create_topic(
+            keys.CONSOLE, name or f"topic-{next(_names)}", partitions, **options
+        )
+
+    return make
+
+
+@pytest.fixture
+def client_factory(key_factory: Callable[..., tuple[Principal, str]]) -> Callable[..., Client]:
+    """A Django test client authenticated with a new key holding these permissions."""
+
+    def make(*permissions: str) -> Client:
+        _, secret = key_factory(*permissions)
+        return Client(HTTP_AUTHORIZATION=f"Bearer {secret}")
+
+    return make
+
+
+@pytest.fixture
+def api_client(client_factory: Callable[..., Client]) -> Client:
+    """A client whose key holds admin:* (every permission)."""
+    return client_factory("admin:*")

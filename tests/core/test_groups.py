@@ -1,0 +1,140 @@
+import orjson
+import pytest
+
+from broker import models
+from broker.core import errors, groups, log
+from broker.core.records import NewMessage
+
+
+def produce(principal, topic, n, partition=None):
+    log.append_messages(
+        principal, topic, [NewMessage(value=orjson.dumps(i), partition=partition) for i in range(n)]
+    )
+
+
+def offsets_of(result):
+    return [(m.partition, m.offset) for m in result.messages]
+
+
+def test_poll_messages__without_commit_repeats(topic_factory, console):
+    topic = topic_factory()
+    produce(console, topic.name, 3)
+    first = groups.poll_messages(console, "g", topic.name, 10, auto_commit=False)
+    again = groups.poll_messages(console, "g", topic.name, 10, auto_commit=False)
+    assert offsets_of(first) == offsets_of(again) == [(0, 0), (0, 1), (0, 2)]
+    assert first.next_offsets == {0: 3}
+    assert not first.committed
+
+
+def test_poll_messages__auto_commit_moves_on(topic_factory, console):
+    topic = topic_factory()
+    produce(console, topic.name, 5)
+    first = groups.poll_messages(console, "g", topic.name, 2, auto_commit=True)
+    second = groups.poll_messages(console, "g", topic.name, 10, auto_commit=True)
+    third = groups.poll_messages(console, "g", topic.name, 10, auto_commit=True)
+    assert offsets_of(first) == [(0, 0), (0, 1)]
+    assert offsets_of(second) == [(0, 2), (0, 3), (0, 4)]
+    assert third.messages == ()
+
+
+def test_poll_messages__spans_partitions(topic_factory, console):
+    topic = topic_factory(partitions=3)
+    for p in range(3):
+        produce(console, topic.name, 2, partition=p)
+    seen = []
+    for _ in range(3):
+        seen += offsets_of(groups.poll_messages(console, "g", topic.name, 2, auto_commit=True))
+    assert sorted(seen) == [(p, o) for p in range(3) for o in range(2)]
+
+
+def test_poll_messages__groups_are_independent(topic_factory, console):
+    topic = topic_factory()
+    produce(console, topic.name, 2)
+    groups.poll_messages(console, "a", topic.name, 10, auto_commit=True)
+    assert len(groups.poll_messages(console, "b", topic.name, 10, auto_commit=True).messages) == 2
+
+
+def test_poll_messages__bad_input(topic_factory, console, key_factory):
+    topic = topic_factory()
+    with pytest.raises(errors.InvalidRequest):
+        groups.poll_messages(console, "bad group", topic.name, 10, auto_commit=False)
+    with pytest.raises(errors.InvalidRequest):
+        groups.poll_messages(console, "g", topic.name, 0, auto_commit=False)
+    with pytest.raises(errors.TopicNotFound):
+        groups.poll_messages(console, "g", "nope", 10, auto_commit=False)
+    producer, _ = key_factory("produce:*")
+    with pytest.raises(errors.PermissionDenied):
+        groups.poll_messages(producer, "g", topic.name, 10, auto_commit=False)
+
+
+def test_poll_messages__behind_retention_moves_to_start(topic_factory, console):
+    topic = topic_factory(capacity=2, overflow_policy="drop_oldest")
+    groups.commit_offsets(console, "g", topic.name, {0: 0})
+    produce(console, topic.name, 5)
+    result = groups.poll_messages(console, "g", topic.name, 10, auto_commit=False)
+    assert offsets_of(result) == [(0, 3), (0, 4)]
+    lag = groups.describe_group(console, "g").topics[0].partitions[0]
+    assert (lag.committed_offset, lag.start_offset, lag.lag) == (3, 3, 2)
+
+
+def test_commit_offsets__then_poll_continues(topic_factory, console):
+    topic = topic_factory(partitions=2)
+    produce(console, topic.name, 3, partition=0)
+    out = groups.commit_offsets(console, "g", topic.name, {0: 2})
+    assert (out.partitions[0].committed_offset, out.partitions[0].lag) == (2, 1)
+    assert offsets_of(groups.poll_messages(console, "g", topic.name, 10, False)) == [(0, 2)]
+
+
+def test_commit_offsets__errors_store_nothing(topic_factory, console):
+    topic = topic_factory(partitions=2)
+    produce(console, topic.name, 3, partition=0)
+    with pytest.raises(errors.OffsetOutOfRange):
+        groups.commit_offsets(console, "g", topic.name, {0: 1, 1: 1})
+    with pytest.raises(errors.PartitionNotFound):
+        groups.commit_offsets(console, "g", topic.name, {0: 1, 5: 0})
+    with pytest.raises(errors.InvalidRequest):
+        groups.commit_offsets(console, "g", topic.name, {})
+    assert not models.GroupOffset.objects.exclude(committed_offset=0).exists()
+
+
+def test_describe_group__lag_and_unknown(topic_factory, console):
+    topic = topic_factory(partitions=2)
+    produce(console, topic.name, 4, partition=1)
+    groups.commit_offsets(console, "g", topic.name, {1: 1})
+    info = groups.describe_group(console, "g")
+    [t] = info.topics
+    assert (t.topic, t.max_offset, t.committed_total, t.end_total, t.lag) == (
+        topic.name,
+        3,
+        1,
+        4,
+        3,
+    )
+    with pytest.raises(errors.GroupNotFound):
+        groups.describe_group(console, "missing")
+
+
+def test_list_groups__only_visible_topics(topic_factory, console, key_factory):
+    orders = topic_factory(name="orders.eu")
+    billing = topic_factory(name="billing")
+    groups.commit_offsets(console, "g1", orders.name, {0: 0})
+    groups.commit_offsets(console, "g2", billing.name, {0: 0})
+    reader, _ = key_factory("consume:orders.*")
+    assert [g.name for g in groups.list_groups(reader)] == ["g1"]
+    assert [g.name for g in groups.list_groups(console)] == ["g1", "g2"]
+
+
+def test_overview__topics_and_groups(topic_factory, console):
+    topic = topic_factory(capacity=1000)
+    produce(console, topic.name, 15)
+    groups.poll_messages(console, "spring-group-1", topic.name, 15, auto_commit=True)
+    groups.poll_messages(console, "postman-group-1", topic.name, 5, auto_commit=True)
+    result = groups.overview(console)
+    assert [t.name for t in result.topics] == [topic.name]
+    by_group = {g.group: g for g in result.groups}
+    assert (by_group["spring-group-1"].max_offset, by_group["spring-group-1"].committed_total) == (
+        14,
+        15,
+    )
+    assert by_group["postman-group-1"].lag == 10
+    assert by_group["postman-group-1"].capacity == 1000

@@ -1,0 +1,51 @@
+import pytest
+
+from broker import models
+from broker.core import errors, keys
+
+
+def test_create_api_key__hashed_and_authenticates(db, console):
+    info, secret = keys.create_api_key(console, "svc", [keys.parse_permission("produce:orders.*")])
+    row = models.ApiKey.objects.get(name="svc")
+    assert secret.startswith("fry_")
+    assert secret not in (row.key_hash, row.prefix)
+    principal = keys.authenticate(secret)
+    assert (principal.name, principal.key_id) == ("svc", info.id)
+
+
+def test_authenticate__unknown_revoked_missing(db, console):
+    _, secret = keys.create_api_key(console, "svc", [keys.parse_permission("consume")])
+    keys.revoke_api_key(console, "svc")
+    for token in (secret, "fry_nope", "", None):
+        with pytest.raises(errors.Unauthenticated):
+            keys.authenticate(token)
+
+
+def test_parse_permission__forms():
+    assert str(keys.parse_permission("produce:orders.*")) == "produce:orders.*"
+    assert str(keys.parse_permission("consume")) == "consume:*"
+    with pytest.raises(errors.InvalidRequest):
+        keys.parse_permission("write:*")
+
+
+def test_allows__patterns_and_admin(db, key_factory):
+    principal, _ = key_factory("produce:orders.*", "admin:team-a.*")
+    assert keys.allows(principal, "orders.eu", "produce")
+    assert not keys.allows(principal, "orders.eu", "consume")
+    assert not keys.allows(principal, "billing", "produce")
+    assert keys.allows(principal, "team-a.x", "consume")
+    assert keys.allows(keys.CONSOLE, "anything", "admin")
+
+
+def test_create_api_key__only_superuser_keys(db, key_factory):
+    limited, _ = key_factory("admin:orders.*")
+    with pytest.raises(errors.PermissionDenied):
+        keys.create_api_key(limited, "x", [keys.parse_permission("consume")])
+    root, _ = key_factory("admin:*")
+    keys.create_api_key(root, "x", [keys.parse_permission("consume")])
+    with pytest.raises(errors.ApiKeyExists):
+        keys.create_api_key(root, "x", [keys.parse_permission("consume")])
+    with pytest.raises(errors.InvalidRequest):
+        keys.create_api_key(root, "y", [])
+    with pytest.raises(errors.ApiKeyNotFound):
+        keys.revoke_api_key(root, "missing")

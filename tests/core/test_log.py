@@ -1,0 +1,243 @@
+import orjson
+import pytest
+
+from broker import models
+from broker.core import errors, keys, log, topics
+from broker.core.records import NewMessage
+
+
+def msg(value=None, **kw):
+    return NewMessage(value=orjson.dumps(value), **kw)
+
+
+def end_offsets(topic_name):
+    return [p.end_offset for p in topics.get_topic(keys.CONSOLE, topic_name).partitions]
+
+
+def test_append_messages__offsets_contiguous_per_partition(topic_factory, console):
+    topic = topic_factory(partitions=2)
+    results = log.append_messages(console, topic.name, [msg(i, partition=i % 2) for i in range(6)])
+    assert [(r.partition, r.offset) for r in results] == [
+        (0, 0),
+        (1, 0),
+        (0, 1),
+        (1, 1),
+        (0, 2),
+        (1, 2),
+    ]
+    assert end_offsets(topic.name) == [3, 3]
+
+
+def test_append_messages__same_key_same_partition(topic_factory, console):
+    topic = topic_factory(partitions=8)
+    results = log.append_messages(console, topic.name, [msg(i, key="user-7") for i in range(5)])
+    assert len({r.partition for r in results}) == 1
+    assert [r.offset for r in results] == [0, 1, 2, 3, 4]
+
+
+def test_append_messages__duplicate_id_returns_original(topic_factory, console):
+    topic = topic_factory(partitions=3)
+    first = log.append_messages(
+        console, topic.name, [NewMessage(value=b'"a"', client_id="order-1")]
+    )
+    again = log.append_messages(
+        console, topic.name, [NewMessage(value=b'"a"', client_id="order-1")]
+    )
+    assert again[0].duplicate
+    assert (again[0].partition, again[0].offset) == (first[0].partition, first[0].offset)
+    assert sum(end_offsets(topic.name)) == 1
+
+
+def test_append_messages__duplicate_inside_one_batch(topic_factory, console):
+    topic = topic_factory()
+    results = log.append_messages(
+        console,
+        topic.name,
+        [NewMessage(value=b"1", client_id="a"), NewMessage(value=b"2", client_id="a")],
+    )
+    assert [(r.offset, r.duplicate) for r in results] == [(0, False), (0, True)]
+    assert end_offsets(topic.name) == [1]
+
+
+def test_append_messages__id_after_dedup_window_is_new(topic_factory, console, settings):
+    topic = topic_factory()
+    log.append_messages(console, topic.name, [NewMessage(value=b"1", client_id="a")])
+    models.ProducedId.objects.update(created_ms=0)
+    again = log.append_messages(console, topic.name, [NewMessage(value=b"1", client_id="a")])
+    assert (again[0].offset, again[0].duplicate) == (1, False)
+
+
+def test_append_messages__bad_message_stores_nothing(topic_factory, console):
+    topic = topic_factory(partitions=2, max_message_bytes=100)
+    batch = [msg("ok"), msg("x" * 200)]
+    with pytest.raises(errors.MessageTooLarge) as exc:
+        log.append_messages(console, topic.name, batch)
+    assert exc.value.detail["index"] == 1
+    with pytest.raises(errors.PartitionNotFound):
+        log.append_messages(console, topic.name, [msg(1), msg(2, partition=2)])
+    assert end_offsets(topic.name) == [0, 0]
+    assert not models.Message.objects.exists()
+
+
+def test_append_messages__size_counts_key_and_headers(topic_factory, console):
+    topic = topic_factory(max_message_bytes=10)
+    log.append_messages(console, topic.name, [NewMessage(value=b"12345", key="12345")])
+    with pytest.raises(errors.MessageTooLarge):
+        log.append_messages(
+            console, topic.name, [NewMessage(value=b"1", headers={"abcde": "fghij"})]
+        )
+
+
+def test_append_messages__capacity_reject(topic_factory, console):
+    topic = topic_factory(capacity=2)
+    log.append_messages(console, topic.name, [msg(1), msg(2)])
+    with pytest.raises(errors.TopicFull):
+        log.append_messages(console, topic.name, [msg(3)])
+    assert end_offsets(topic.name) == [2]
+
+
+def test_append_messages__capacity_drop_oldest(topic_factory, console):
+    topic = topic_factory(capacity=3, overflow_policy="drop_oldest")
+    log.append_messages(console, topic.name, [msg(i) for i in range(5)])
+    part = topics.get_topic(console, topic.name).partitions[0]
+    assert (part.start_offset, part.end_offset) == (2, 5)
+    assert list(models.Message.objects.order_by("offset").values_list("offset", flat=True)) == [
+        2,
+        3,
+        4,
+    ]
+
+
+def test_append_messages__empty_and_oversize_batch(topic_factory, console, settings):
+    topic = topic_factory()
+    with pytest.raises(errors.InvalidRequest):
+        log.append_messages(console, topic.name, [])
+    settings.FERRY_MAX_BATCH_MESSAGES = 3
+    with pytest.raises(errors.BatchTooLarge):
+        log.append_messages(console, topic.name, [msg(i) for i in range(4)])
+
+
+def test_append_messages__unknown_topic(db, console):
+    with pytest.raises(errors.TopicNotFound):
+        log.append_messages(console, "nope", [msg(1)])
+
+
+def test_append_messages__permission_checked_first(topic_factory, key_factory):
+    topic = topic_factory(name="billing")
+    principal, _ = key_factory("produce:orders.*")
+    with pytest.raises(errors.PermissionDenied):
+        log.append_messages(principal, topic.name, [msg(1)])
+    with pytest.raises(errors.PermissionDenied):
+        log.append_messages(principal, "unknown-topic", [msg(1)])
+
+
+def test_append_messages__query_budget(topic_factory, console, django_assert_max_num_queries):
+    topic = topic_factory()
+    batch = [msg(i) for i in range(500)]
+    # topic, partition lock, executemany, partition update (+ savepoint/transaction statements)
+    with django_assert_max_num_queries(6):
+        log.append_messages(console, topic.name, batch)
+
+
+def test_append_messages__event_on_commit_only(
+    topic_factory, console, django_capture_on_commit_callbacks
+):
+    topic = topic_factory()
+    with django_capture_on_commit_callbacks() as callbacks:
+        log.append_messages(console, topic.name, [msg(1)])
+    assert len(callbacks) == 1
+    topics.alter_topic(console, topic.name, capacity=1)
+    with django_capture_on_commit_callbacks() as callbacks, pytest.raises(errors.TopicFull):
+        log.append_messages(console, topic.name, [msg(2)])
+    assert callbacks == []
+
+
+def test_read_messages__range_and_limits(topic_factory, console):
+    topic = topic_factory()
+    log.append_messages(
+        console,
+        topic.name,
+        [NewMessage(value=b"\x00\xff", is_json=False, key="k", tag="t", headers={"h": "v"})]
+        + [msg(i) for i in range(1, 5)],
+    )
+    result = log.read_messages(console, topic.name, 0, None, 2)
+    assert [m.offset for m in result.messages] == [0, 1]
+    first = result.messages[0]
+    assert (first.value, first.is_json, first.key, first.tag, first.headers) == (
+        b"\x00\xff",
+        False,
+        "k",
+        "t",
+        {"h": "v"},
+    )
+    assert (result.next_offset, result.end_offset) == (2, 5)
+    tail = log.read_messages(console, topic.name, 0, 5, 10)
+    assert (tail.messages, tail.next_offset) == ((), 5)
+    with pytest.raises(errors.OffsetOutOfRange):
+        log.read_messages(console, topic.name, 0, 6, 10)
+    with pytest.raises(errors.PartitionNotFound):
+        log.read_messages(console, topic.name, 1, 0, 10)
+    with pytest.raises(errors.InvalidRequest):
+        log.read_messages(console, topic.name, 0, 0, 0)
+
+
+def test_read_messages__below_start_offset(topic_factory, console):
+    topic = topic_factory(capacity=1, overflow_policy="drop_oldest")
+    log.append_messages(console, topic.name, [msg(1), msg(2)])
+    with pytest.raises(errors.OffsetOutOfRange):
+        log.read_messages(console, topic.name, 0, 0, 10)
+    assert [m.offset for m in log.read_messages(console, topic.name, 0, None, 10).messages] == [1]
+
+
+def test_list_offsets__by_timestamp(topic_factory, console):
+    topic = topic_factory(partitions=2)
+    log.append_messages(console, topic.name, [msg(i, partition=0) for i in range(3)])
+    models.Message.objects.filter(offset=0).update(timestamp_ms=1000)
+    models.Message.objects.filter(offset=1).update(timestamp_ms=2000)
+    models.Message.objects.filter(offset=2).update(timestamp_ms=3000)
+    found = {o.partition: o for o in log.list_offsets(console, topic.name, 1500)}
+    assert found[0].offset_for_timestamp == 1
+    assert found[1].offset_for_timestamp == 0  # empty partition: its end offset
+    later = {o.partition: o for o in log.list_offsets(console, topic.name, 9_999_999_999_999)}
+    assert later[0].offset_for_timestamp == 3
+    plain = log.list_offsets(console, topic.name)
+    assert [(o.start_offset, o.end_offset, o.offset_for_timestamp) for o in plain] == [
+        (0, 3, None),
+        (0, 0, None),
+    ]
+
+
+def test_apply_retention__by_time(topic_factory, console):
+    topic = topic_factory(retention_ms=60_000)
+    log.append_messages(console, topic.name, [msg(i) for i in range(4)])
+    models.Message.objects.filter(offset__lt=2).update(timestamp_ms=1)
+    assert log.apply_retention() == 2
+    part = topics.get_topic(console, topic.name).partitions[0]
+    assert (part.start_offset, part.end_offset) == (2, 4)
+
+
+def test_apply_retention__by_size(topic_factory, console):
+    topic = topic_factory(retention_bytes=30)
+    log.append_messages(console, topic.name, [NewMessage(value=b"x" * 10) for _ in range(5)])
+    assert log.apply_retention() == 2
+    part = models.Partition.objects.get(topic__name=topic.name)
+    assert (part.start_offset, part.next_offset, part.bytes_stored) == (2, 5, 30)
+
+
+def test_apply_retention__offsets_never_reused(topic_factory, console):
+    topic = topic_factory(retention_ms=1)
+    log.append_messages(console, topic.name, [msg(1), msg(2)])
+    models.Message.objects.update(timestamp_ms=1)
+    log.apply_retention()
+    results = log.append_messages(console, topic.name, [msg(3)])
+    assert results[0].offset == 2
+
+
+def test_purge_produced_ids__old_only(topic_factory, console):
+    topic = topic_factory()
+    log.append_messages(
+        console, topic.name, [NewMessage(value=b"1", client_id=c) for c in ("a", "b")]
+    )
+    models.ProducedId.objects.filter(client_id="a").update(created_ms=0)
+    assert log.purge_produced_ids() == 1
+    assert list(models.ProducedId.objects.values_list("client_id", flat=True)) == ["b"]

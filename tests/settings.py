@@ -1,0 +1,21 @@
+"""Test settings: the real settings, a file SQLite database (WAL needs a file) or PostgreSQL."""
+
+import os
+import tempfile
+from pathlib import Path
+
+from mqsite.settings import *  # noqa: F403
+from mqsite.settings import DATABASES
+
+FERRY_BACKGROUND_IN_PROCESS = False
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+_default = DATABASES["default"]
+if _default["ENGINE"].endswith("sqlite3"):
+    _test_dir = Path(os.environ.get("FERRY_TEST_DIR", tempfile.gettempdir()))
+    _default["TEST"] = {"NAME": str(_test_dir / f"ferry-test-{os.getpid()}.sqlite3")}
+
+# Worker processes started by tests (concurrent producers, live Daphne servers) open the
+# test database by this name instead of creating one.
+if os.environ.get("FERRY_TEST_DB_NAME"):
+    _default["NAME"] = os.environ["FERRY_TEST_DB_NAME"]
