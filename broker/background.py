@@ -15,42 +15,52 @@ from broker.core import periodic
 
 logger = logging.getLogger(__name__)
 
-_started = False
-_start_lock = threading.Lock()
-_stop = threading.Event()
+
+class Runner:
+    """A daemon thread that runs each job every interval_seconds, one job at a time."""
+
+    def __init__(self, jobs: tuple[periodic.Job, ...] = periodic.JOBS) -> None:
+        self.jobs = jobs
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="ferry-background", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        self._thread.join(timeout)
+
+    def _loop(self) -> None:
+        next_run = {job.name: time.monotonic() + job.interval_seconds for job in self.jobs}
+        while not self._stop.is_set():
+            for job in self.jobs:
+                if time.monotonic() < next_run[job.name]:
+                    continue
+                try:
+                    result = job.run()
+                    if result:
+                        logger.info("%s: %s", job.name, result)
+                except Exception:
+                    # One failing round must not stop the scheduler; the next round retries.
+                    logger.exception("background job %s failed", job.name)
+                finally:
+                    close_old_connections()
+                next_run[job.name] = time.monotonic() + job.interval_seconds
+            self._stop.wait(max(0.01, min(next_run.values()) - time.monotonic()))
 
 
-def _loop() -> None:
-    next_run = {job.name: time.monotonic() + job.interval_seconds for job in periodic.JOBS}
-    while not _stop.is_set():
-        now = time.monotonic()
-        for job in periodic.JOBS:
-            if now < next_run[job.name]:
-                continue
-            try:
-                result = job.run()
-                if result:
-                    logger.info("%s: %s", job.name, result)
-            except Exception:
-                logger.exception("background job %s failed", job.name)
-            finally:
-                close_old_connections()
-            next_run[job.name] = time.monotonic() + job.interval_seconds
-        _stop.wait(max(0.05, min(next_run.values()) - time.monotonic()))
+_runner: Runner | None = None
+_runner_lock = threading.Lock()
 
 
 def start() -> bool:
-    """Start the runner thread once per process when FERRY_BACKGROUND_IN_PROCESS is on."""
-    global _started
+    """Start this process's runner once, when FERRY_BACKGROUND_IN_PROCESS is on."""
+    global _runner
     if not ferry_settings.get("BACKGROUND_IN_PROCESS"):
         return False
-    with _start_lock:
-        if _started:
-            return True
-        _started = True
-    threading.Thread(target=_loop, name="ferry-background", daemon=True).start()
+    with _runner_lock:
+        if _runner is None:
+            _runner = Runner()
+            _runner.start()
     return True
-
-
-def stop() -> None:
-    _stop.set()
