@@ -1,13 +1,14 @@
 """The REST API under /api/v1/: authenticate, parse, one core call, render (docs/api.md)."""
 
 import base64
+import json
 from typing import Any
 
 import orjson
 from django.core.exceptions import RequestDataTooBig
 from django.db import connection
 from django.http import HttpRequest, HttpResponse
-from ninja import NinjaAPI
+from ninja import NinjaAPI, Path, Query, Status
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 from ninja.parser import Parser
 from ninja.renderers import BaseRenderer
@@ -22,6 +23,10 @@ from broker.core.records import (
     StoredMessage,
     TopicInfo,
 )
+
+# Bounds for integer parameters: beyond them a value cannot be an offset or a partition.
+INT32_MAX = 2**31 - 1
+INT64_MAX = 2**63 - 1
 
 # The one table from error code to HTTP status; unknown codes are the client's fault (400).
 STATUS_BY_CODE = {
@@ -38,6 +43,8 @@ STATUS_BY_CODE = {
     "message_too_large": 413,
     "batch_too_large": 413,
     "request_too_large": 413,
+    "not_found": 404,
+    "method_not_allowed": 405,
     "validation_error": 422,
     "broker_error": 503,
 }
@@ -79,8 +86,13 @@ def error_response(
     code: str, message: str, detail: dict[str, Any] | None = None, status: int | None = None
 ) -> HttpResponse:
     body = {"error": {"code": code, "message": message, "detail": detail or {}}}
+    try:
+        content = orjson.dumps(body, default=str)
+    except TypeError:
+        # orjson refuses integers past 64 bits, which a client may well have sent us.
+        content = json.dumps(body, default=str).encode()
     return HttpResponse(
-        orjson.dumps(body, default=str),
+        content,
         status=status or STATUS_BY_CODE.get(code, 400),
         content_type="application/json",
     )
@@ -112,6 +124,22 @@ def on_validation_error(request: HttpRequest, exc: ValidationError) -> HttpRespo
 @api.exception_handler(AuthenticationError)
 def on_authentication_error(request: HttpRequest, exc: AuthenticationError) -> HttpResponse:
     return error_response("unauthenticated", errors.Unauthenticated().message)
+
+
+def json_errors_for_api(request: HttpRequest, response: HttpResponse) -> HttpResponse:
+    """Django's HTML 404 and Ninja's text 405 under /api/v1/ become JSON errors."""
+    if not request.path.startswith("/api/v1/") or response.status_code not in (404, 405):
+        return response
+    if response.get("Content-Type", "").startswith("application/json"):
+        return response
+    if response.status_code == 404:
+        return error_response("not_found", f"No API endpoint at {request.path}.")
+    allowed = response.get("Allow", "")
+    return error_response(
+        "method_not_allowed",
+        f"{request.method} is not allowed here; use {allowed}.",
+        {"allowed": [m.strip() for m in allowed.split(",") if m.strip()]},
+    )
 
 
 @api.exception_handler(RequestDataTooBig)
@@ -204,7 +232,7 @@ def list_topics(request: HttpRequest) -> list[dict[str, Any]]:
 
 
 @api.post("/topics", response={201: schemas.TopicOut}, tags=["topics"])
-def create_topic(request: HttpRequest, body: schemas.TopicIn) -> tuple[int, dict[str, Any]]:
+def create_topic(request: HttpRequest, body: schemas.TopicIn) -> Status[dict[str, Any]]:
     info = topics.create_topic(
         request.auth,
         body.name,
@@ -215,7 +243,7 @@ def create_topic(request: HttpRequest, body: schemas.TopicIn) -> tuple[int, dict
         capacity=body.capacity,
         overflow_policy=body.overflow_policy,
     )
-    return 201, topic_out(info)
+    return Status(201, topic_out(info))
 
 
 @api.get("/topics/{name}", response=schemas.TopicOut, tags=["topics"])
@@ -231,9 +259,9 @@ def alter_topic(request: HttpRequest, name: str, body: schemas.TopicPatch) -> di
 
 
 @api.delete("/topics/{name}", response={204: None}, tags=["topics"])
-def delete_topic(request: HttpRequest, name: str) -> tuple[int, None]:
+def delete_topic(request: HttpRequest, name: str) -> Status[None]:
     topics.delete_topic(request.auth, name)
-    return 204, None
+    return Status(204, None)
 
 
 @api.post("/topics/{name}/messages", response=schemas.ProduceOut, tags=["messages"])
@@ -256,10 +284,10 @@ def produce(request: HttpRequest, name: str, body: schemas.ProduceIn) -> HttpRes
 async def fetch(
     request: HttpRequest,
     name: str,
-    partition: int,
-    offset: int | None = None,
-    limit: int = 100,
-    max_wait_ms: int = 0,
+    partition: int = Path(..., ge=0, le=INT32_MAX),
+    offset: int | None = Query(None, ge=0, le=INT64_MAX),
+    limit: int = Query(100, ge=0, le=INT32_MAX),
+    max_wait_ms: int = Query(0, ge=0, le=INT32_MAX),
 ) -> HttpResponse:
     result = await log.read_messages_async(
         request.auth, name, partition, offset, limit, max_wait_ms
@@ -275,7 +303,9 @@ async def fetch(
 
 
 @api.get("/topics/{name}/offsets", response=schemas.OffsetsOut, tags=["messages"])
-def offsets(request: HttpRequest, name: str, timestamp: int | None = None) -> dict[str, Any]:
+def offsets(
+    request: HttpRequest, name: str, timestamp: int | None = Query(None, ge=0, le=INT64_MAX)
+) -> dict[str, Any]:
     lookups = log.list_offsets(request.auth, name, timestamp)
     return {
         "topic": name,

@@ -37,6 +37,8 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "channels",
+    # ninja serves Swagger UI's assets itself: the docs page works without internet access.
+    "ninja",
     "broker",
     "dashboard",
 ]
@@ -50,6 +52,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "broker.middleware.api_json_errors",
 ]
 
 ROOT_URLCONF = "mqsite.urls"

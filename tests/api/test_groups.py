@@ -1,0 +1,140 @@
+"""REST edge tests for consumer groups (poll, commit, describe) and the overview."""
+
+import pytest
+
+JSON = "application/json"
+
+
+@pytest.fixture
+def orders(api_client, topic_factory):
+    """A one-partition topic "orders" holding the values 0 to 4 at offsets 0 to 4."""
+    topic_factory("orders")
+    messages = [{"value": i} for i in range(5)]
+    response = api_client.post(
+        "/api/v1/topics/orders/messages", {"messages": messages}, content_type=JSON
+    )
+    assert response.status_code == 200
+    return "orders"
+
+
+def poll(client, group, topic, **options):
+    return client.post(
+        f"/api/v1/groups/{group}/poll", {"topic": topic, **options}, content_type=JSON
+    )
+
+
+def commit(client, group, topic, offsets):
+    body = {"topic": topic, "offsets": [{"partition": p, "offset": o} for p, o in offsets.items()]}
+    return client.post(f"/api/v1/groups/{group}/commit", body, content_type=JSON)
+
+
+def values(response):
+    assert response.status_code == 200
+    return [m["value"] for m in response.json()["messages"]]
+
+
+def test_poll__without_auto_commit_repeats(api_client, orders):
+    first = poll(api_client, "billing", orders, max_messages=2)
+
+    assert values(first) == [0, 1]
+    assert first.json()["committed"] is False
+    assert first.json()["next_offsets"] == [{"partition": 0, "offset": 2}]
+    assert values(poll(api_client, "billing", orders, max_messages=2)) == [0, 1]
+
+
+def test_poll__auto_commit_moves_on(api_client, orders):
+    first = poll(api_client, "billing", orders, max_messages=2, auto_commit=True)
+
+    assert values(first) == [0, 1]
+    assert first.json()["committed"] is True
+    assert values(poll(api_client, "billing", orders, max_messages=2, auto_commit=True)) == [2, 3]
+
+
+def test_poll__unknown_topic(api_client, error_of):
+    response = poll(api_client, "billing", "nope")
+
+    assert error_of(response) == (404, "topic_not_found")
+
+
+def test_poll__invalid_group_name(api_client, orders, error_of):
+    response = poll(api_client, "bad group!", orders)
+
+    assert error_of(response) == (400, "invalid_request")
+
+
+def test_commit__then_poll_continues(api_client, orders):
+    response = commit(api_client, "billing", orders, {0: 3})
+
+    assert response.status_code == 200
+    body = response.json()
+    assert (body["group"], body["topic"], body["committed_offset"], body["lag"]) == (
+        "billing",
+        "orders",
+        3,
+        2,
+    )
+    assert values(poll(api_client, "billing", orders)) == [3, 4]
+
+
+def test_commit__past_end(api_client, orders, error_of):
+    response = commit(api_client, "billing", orders, {0: 6})
+
+    assert error_of(response) == (409, "offset_out_of_range")
+
+
+def test_commit__missing_partition(api_client, orders, error_of):
+    response = commit(api_client, "billing", orders, {1: 0})
+
+    assert error_of(response) == (404, "partition_not_found")
+
+
+def test_list_groups__with_offsets(api_client, orders):
+    commit(api_client, "billing", orders, {0: 1})
+    commit(api_client, "audit", orders, {0: 4})
+
+    response = api_client.get("/api/v1/groups")
+
+    assert response.status_code == 200
+    assert [(g["name"], g["topics"][0]["committed_offset"]) for g in response.json()] == [
+        ("audit", 4),
+        ("billing", 1),
+    ]
+
+
+def test_describe_group__lag(api_client, topic_factory):
+    topic_factory("orders", partitions=2)
+    messages = [{"value": i, "partition": i % 2} for i in range(5)]  # ends: 3 and 2
+    api_client.post("/api/v1/topics/orders/messages", {"messages": messages}, content_type=JSON)
+    commit(api_client, "billing", "orders", {0: 1})
+
+    response = api_client.get("/api/v1/groups/billing")
+
+    assert response.status_code == 200
+    [topic] = response.json()["topics"]
+    assert [
+        (p["partition"], p["committed_offset"], p["end_offset"], p["lag"])
+        for p in topic["partitions"]
+    ] == [
+        (0, 1, 3, 2),
+        (1, 0, 2, 2),
+    ]
+    assert (topic["committed_offset"], topic["end_offset"], topic["lag"]) == (1, 5, 4)
+
+
+def test_describe_group__unknown(api_client, error_of):
+    response = api_client.get("/api/v1/groups/nope")
+
+    assert error_of(response) == (404, "group_not_found")
+
+
+def test_overview__topics_and_groups(api_client, orders):
+    commit(api_client, "billing", orders, {0: 2})
+
+    response = api_client.get("/api/v1/overview")
+
+    assert response.status_code == 200
+    body = response.json()
+    assert [t["name"] for t in body["topics"]] == ["orders"]
+    [group] = body["groups"]
+    assert (group["group"], group["topic"]) == ("billing", "orders")
+    assert (group["max_offset"], group["committed_offset"], group["lag"]) == (4, 2, 3)
