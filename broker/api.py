@@ -5,6 +5,7 @@ import json
 from typing import Any
 
 import orjson
+from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 from django.db import connection
 from django.http import HttpRequest, HttpResponse
@@ -15,7 +16,7 @@ from ninja.renderers import BaseRenderer
 from ninja.security import HttpBearer
 
 from broker import schemas
-from broker.core import errors, groups, keys, log, topics
+from broker.core import dbthreads, errors, groups, keys, log, topics
 from broker.core.records import (
     GroupInfo,
     GroupTopicOffsets,
@@ -66,8 +67,8 @@ class OrjsonRenderer(BaseRenderer):
 
 
 class ApiKeyAuth(HttpBearer):
-    def authenticate(self, request: HttpRequest, token: str) -> Principal:
-        return keys.authenticate(token)
+    async def authenticate(self, request: HttpRequest, token: str) -> Principal:
+        return await dbthreads.run(keys.authenticate, token)
 
 
 api = NinjaAPI(
@@ -113,12 +114,15 @@ def on_http_error(request: HttpRequest, exc: HttpError) -> HttpResponse:
 
 @api.exception_handler(ValidationError)
 def on_validation_error(request: HttpRequest, exc: ValidationError) -> HttpResponse:
-    first = exc.errors[0] if exc.errors else {}
     # Ninja prefixes body fields with ("body", "body"); the client only knows its own fields.
-    loc = [part for part in first.get("loc", ()) if part != "body"]
-    where = ".".join(str(part) for part in loc)
-    message = f"{where}: {first.get('msg', 'invalid')}" if where else "The request is not valid."
-    return error_response("validation_error", message, {"errors": exc.errors})
+    found = [
+        {**e, "loc": [part for part in e.get("loc", ()) if part != "body"]} for e in exc.errors
+    ]
+    first = found[0] if found else {}
+    where = ".".join(str(part) for part in first.get("loc", ()))
+    what = first.get("msg", "The request is not valid.")
+    message = f"{where}: {what}" if where else what
+    return error_response("validation_error", message, {"errors": found})
 
 
 @api.exception_handler(AuthenticationError)
@@ -144,8 +148,11 @@ def json_errors_for_api(request: HttpRequest, response: HttpResponse) -> HttpRes
 
 @api.exception_handler(RequestDataTooBig)
 def on_request_too_big(request: HttpRequest, exc: RequestDataTooBig) -> HttpResponse:
+    limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
     return error_response(
-        "request_too_large", "The request body is larger than the broker accepts."
+        "request_too_large",
+        f"The request body is larger than the {limit} bytes the broker accepts.",
+        {"max_request_bytes": limit},
     )
 
 
@@ -203,7 +210,7 @@ def message_out(m: StoredMessage) -> dict[str, Any]:
         "timestamp_ms": m.timestamp_ms,
         "key": m.key,
         "tag": m.tag,
-        "headers": m.headers,
+        "headers": orjson.Fragment(m.headers_json),
         "id": m.client_id,
     }
     if m.is_json:
@@ -248,7 +255,7 @@ def create_topic(request: HttpRequest, body: schemas.TopicIn) -> Status[dict[str
 
 @api.get("/topics/{name}", response=schemas.TopicOut, tags=["topics"])
 def get_topic(request: HttpRequest, name: str) -> dict[str, Any]:
-    return topic_out(topics.get_topic(request.auth, name))
+    return topic_out(topics.describe_topic(request.auth, name))
 
 
 @api.patch("/topics/{name}", response=schemas.TopicOut, tags=["topics"])
@@ -265,9 +272,9 @@ def delete_topic(request: HttpRequest, name: str) -> Status[None]:
 
 
 @api.post("/topics/{name}/messages", response=schemas.ProduceOut, tags=["messages"])
-def produce(request: HttpRequest, name: str, body: schemas.ProduceIn) -> HttpResponse:
-    messages = [m.to_new_message() for m in body.messages]
-    results = log.append_messages(request.auth, name, messages)
+async def produce(request: HttpRequest, name: str, body: schemas.ProduceIn) -> HttpResponse:
+    messages = body.to_new_messages()
+    results = await dbthreads.run(log.append_messages, request.auth, name, messages)
     return json_response(
         {
             "results": [

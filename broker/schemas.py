@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 import orjson
 from ninja import Schema
-from pydantic import Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from broker.core.records import NewMessage
 
@@ -28,24 +28,30 @@ class HealthOut(Schema):
     database: str
 
 
-class TopicIn(Schema):
+class In(Schema):
+    """Request bodies refuse unknown fields: a misspelt option must not be silently dropped."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class TopicIn(In):
     name: str = Field(examples=["orders"])
-    partitions: int = Field(1, ge=1)
-    retention_ms: int | None = Field(None, ge=1)
-    retention_bytes: int | None = Field(None, ge=1)
-    max_message_bytes: int | None = Field(None, ge=1)
-    capacity: int | None = Field(None, ge=1, description="Maximum messages kept per partition.")
+    partitions: int | None = Field(None, description="Default FERRY_DEFAULT_PARTITIONS (1).")
+    retention_ms: int | None = None
+    retention_bytes: int | None = None
+    max_message_bytes: int | None = None
+    capacity: int | None = Field(None, description="Maximum messages kept per partition.")
     overflow_policy: Overflow = "reject"
 
 
-class TopicPatch(Schema):
+class TopicPatch(In):
     """Fields to change; a field left out keeps its value, null clears a limit."""
 
-    partitions: int | None = Field(None, ge=1)
-    retention_ms: int | None = Field(None, ge=1)
-    retention_bytes: int | None = Field(None, ge=1)
-    max_message_bytes: int | None = Field(None, ge=1)
-    capacity: int | None = Field(None, ge=1)
+    partitions: int | None = None
+    retention_ms: int | None = None
+    retention_bytes: int | None = None
+    max_message_bytes: int | None = None
+    capacity: int | None = None
     overflow_policy: Overflow | None = None
 
 
@@ -67,48 +73,59 @@ class TopicOut(Schema):
     partition_offsets: list[PartitionOut]
 
 
-class MessageIn(Schema):
+class MessageIn(BaseModel):
     """One message: exactly one of value (any JSON) or value_b64 (raw bytes, base64)."""
+
+    # A plain pydantic model: Ninja's Schema adds a per-object validator that costs more than
+    # storing the message (docs/benchmarks.md).
+    model_config = ConfigDict(extra="forbid")
 
     value: Any = None
     value_b64: str | None = None
     key: str | None = Field(None, max_length=1024)
     tag: str | None = Field(None, max_length=200)
     headers: dict[str, str] = {}
-    partition: int | None = Field(None, ge=0)
+    partition: int | None = None
     id: str | None = Field(None, min_length=1, max_length=200, description="Client message id.")
 
+
+class ProduceIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    messages: list[MessageIn] = Field(min_length=1)
+    _new_messages: list[NewMessage] = PrivateAttr(default_factory=list)
+
     @model_validator(mode="after")
-    def one_value(self) -> "MessageIn":
-        has_value = "value" in self.model_fields_set
-        has_b64 = self.value_b64 is not None
-        if has_value == has_b64:
-            raise ValueError("give exactly one of value or value_b64")
-        if has_b64:
-            try:
-                base64.b64decode(self.value_b64 or "", validate=True)
-            except binascii.Error as exc:
-                raise ValueError(f"value_b64 is not valid base64: {exc}") from None
+    def one_value_each(self) -> "ProduceIn":
+        """One pass over the batch: exactly one of value/value_b64, base64 decoded once."""
+        converted = []
+        for index, m in enumerate(self.messages):
+            has_value = "value" in m.model_fields_set
+            if has_value == (m.value_b64 is not None):
+                raise ValueError(f"messages.{index}: give exactly one of value or value_b64")
+            if has_value:
+                value, is_json = orjson.dumps(m.value), True
+            else:
+                try:
+                    value, is_json = base64.b64decode(m.value_b64 or "", validate=True), False
+                except binascii.Error as exc:
+                    raise ValueError(f"messages.{index}: value_b64 is not base64: {exc}") from None
+            converted.append(
+                NewMessage(
+                    value=value,
+                    is_json=is_json,
+                    key=m.key,
+                    tag=m.tag,
+                    headers=m.headers,
+                    partition=m.partition,
+                    client_id=m.id,
+                )
+            )
+        self._new_messages = converted
         return self
 
-    def to_new_message(self) -> NewMessage:
-        if self.value_b64 is not None:
-            value, is_json = base64.b64decode(self.value_b64), False
-        else:
-            value, is_json = orjson.dumps(self.value), True
-        return NewMessage(
-            value=value,
-            is_json=is_json,
-            key=self.key,
-            tag=self.tag,
-            headers=self.headers,
-            partition=self.partition,
-            client_id=self.id,
-        )
-
-
-class ProduceIn(Schema):
-    messages: list[MessageIn] = Field(min_length=1)
+    def to_new_messages(self) -> list[NewMessage]:
+        return self._new_messages
 
 
 class AppendOut(Schema):
@@ -154,16 +171,16 @@ class OffsetsOut(Schema):
     partitions: list[OffsetOut]
 
 
-class PollIn(Schema):
+class PollIn(In):
     topic: str
-    max_messages: int = Field(100, ge=1)
-    max_wait_ms: int = Field(0, ge=0)
+    max_messages: int = 100
+    max_wait_ms: int = 0
     auto_commit: bool = False
 
 
-class PartitionOffsetIn(Schema):
-    partition: int = Field(ge=0)
-    offset: int = Field(ge=0)
+class PartitionOffsetIn(In):
+    partition: int
+    offset: int
 
 
 class PartitionOffsetOut(Schema):
@@ -179,7 +196,7 @@ class PollOut(Schema):
     committed: bool
 
 
-class CommitIn(Schema):
+class CommitIn(In):
     topic: str
     offsets: list[PartitionOffsetIn] = Field(min_length=1)
 

@@ -1,6 +1,12 @@
-"""ASGI entry point: HTTP through Django, WebSocket through Channels, plus the embedded jobs."""
+"""ASGI entry point: HTTP through Django, WebSocket through Channels, plus the embedded jobs.
+
+/api/v1/ is served by a handler with only the API's own middleware: the bearer-token API uses
+no sessions, CSRF, messages or static files, and each sync middleware would cost a thread hop
+per request on the hot paths (docs/benchmarks.md).
+"""
 
 import os
+from typing import Any
 
 from django.core.asgi import get_asgi_application
 
@@ -9,12 +15,40 @@ django_asgi_app = get_asgi_application()
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
+from django.conf import settings  # noqa: E402
+from django.core.handlers.asgi import ASGIHandler  # noqa: E402
 
 from broker import background, routing  # noqa: E402
 
+API_PREFIX = "/api/v1/"
+API_MIDDLEWARE = ["broker.middleware.api_json_errors"]
+
+
+class ApiHandler(ASGIHandler):
+    """Django's ASGI handler with API_MIDDLEWARE instead of settings.MIDDLEWARE."""
+
+    def load_middleware(self, is_async: bool = False) -> None:
+        # BaseHandler reads settings.MIDDLEWARE; swap it while this handler is built, once, at
+        # import, before any request is served.
+        saved = settings.MIDDLEWARE
+        settings.MIDDLEWARE = API_MIDDLEWARE
+        try:
+            super().load_middleware(is_async)
+        finally:
+            settings.MIDDLEWARE = saved
+
+
+api_asgi_app = ApiHandler()
+
+
+async def http_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    app = api_asgi_app if scope["path"].startswith(API_PREFIX) else django_asgi_app
+    await app(scope, receive, send)
+
+
 application = ProtocolTypeRouter(
     {
-        "http": django_asgi_app,
+        "http": http_app,
         "websocket": AllowedHostsOriginValidator(URLRouter(routing.websocket_urlpatterns)),
     }
 )

@@ -78,7 +78,9 @@ def database_config() -> dict:
     """PostgreSQL from DATABASE_URL, else SQLite in WAL mode under FERRY_DATA_DIR."""
     url = os.environ.get("DATABASE_URL")
     if url:
-        config = dj_database_url.parse(url, conn_max_age=60, conn_health_checks=True)
+        # conn_max_age=0: Django's ASGI handler runs sync views on a fresh thread per request,
+        # so a kept connection would leak; the hot paths keep theirs on broker/core/dbthreads.
+        config = dj_database_url.parse(url, conn_max_age=0)
         config.setdefault("TEST", {})["NAME"] = os.environ.get("FERRY_TEST_DATABASE_NAME")
         return config
     synchronous = os.environ.get("FERRY_SQLITE_SYNCHRONOUS", "FULL")

@@ -8,6 +8,8 @@ from mqsite.settings import *  # noqa: F403
 from mqsite.settings import DATABASES
 
 FERRY_BACKGROUND_IN_PROCESS = False
+# Core calls run on the caller's thread, so a test's transaction is visible to the API.
+FERRY_DB_THREADS = 0
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 _default = DATABASES["default"]
@@ -19,3 +21,5 @@ if _default["ENGINE"].endswith("sqlite3"):
 # test database by this name instead of creating one.
 if os.environ.get("FERRY_TEST_DB_NAME"):
     _default["NAME"] = os.environ["FERRY_TEST_DB_NAME"]
+    # Servers started by tests run like production: core calls on database threads.
+    FERRY_DB_THREADS = -1

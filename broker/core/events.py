@@ -13,6 +13,8 @@ from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.db import transaction
 
+from broker.core import dbthreads
+
 logger = logging.getLogger(__name__)
 
 MESSAGES_APPENDED = "ferry.messages_appended"
@@ -27,8 +29,14 @@ def topic_group(topic_id: int) -> str:
 
 def _send(group: str, event: dict[str, Any]) -> None:
     layer = get_channel_layer()
+    loop = dbthreads.home_loop()
     try:
-        async_to_sync(layer.group_send)(group, event)
+        if loop is not None:
+            # On a database thread: hand the send to the server's loop, which owns the layer's
+            # queues, without waiting for it.
+            asyncio.run_coroutine_threadsafe(layer.group_send(group, event), loop)
+        else:
+            async_to_sync(layer.group_send)(group, event)
     except Exception:
         # The write is committed; a missed wake-up only delays listeners until their timeout.
         logger.exception("could not publish %s to %s", event.get("type"), group)

@@ -8,12 +8,11 @@ topic from the beginning" (docs/decisions/0004-new-group-starts-at-earliest.md).
 import itertools
 import threading
 
-from asgiref.sync import sync_to_async
 from django.db import transaction
 
 from broker import models
 from broker import settings as ferry_settings
-from broker.core import errors, events, keys, log, topics
+from broker.core import dbthreads, errors, events, keys, log, topics
 from broker.core.records import (
     GroupInfo,
     GroupTopicOffsets,
@@ -85,8 +84,9 @@ def poll_messages(
             .select_related("partition")
             .order_by("partition__number")
         )
-        if rows:
+        if rows and auto_commit:
             # Rotate the first partition read so one busy partition cannot starve the rest.
+            # Without a commit the order stays fixed: the group sees the same messages again.
             with _poll_turn_lock:
                 turn = next(_poll_turn) % len(rows)
             rows = rows[turn:] + rows[:turn]
@@ -129,9 +129,10 @@ async def poll_messages_async(
 ) -> PollResult:
     """poll_messages, waiting up to max_wait_ms for a message when there is none yet."""
     log.validate_max_wait(max_wait_ms)
-    poll = sync_to_async(poll_messages)
     return await events.long_poll(
-        lambda: poll(principal, group_name, topic_name, max_messages, auto_commit),
+        lambda: dbthreads.run(
+            poll_messages, principal, group_name, topic_name, max_messages, auto_commit
+        ),
         is_empty=lambda r: not r.messages,
         topic_id_of=lambda r: r.topic_id,
         max_wait_ms=max_wait_ms,

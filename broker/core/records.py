@@ -2,6 +2,8 @@
 
 from dataclasses import dataclass, field
 
+import orjson
+
 
 @dataclass(frozen=True)
 class Permission:
@@ -77,17 +79,23 @@ class AppendResult:
     duplicate: bool
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class StoredMessage:
     partition: int
     offset: int
     timestamp_ms: int
     key: str | None
     tag: str | None
-    headers: dict[str, str]
+    # The stored JSON text: edges send it on as is; .headers parses it.
+    headers_json: str
     value: bytes
     is_json: bool
     client_id: str | None
+
+    @property
+    def headers(self) -> dict[str, str]:
+        parsed: dict[str, str] = orjson.loads(self.headers_json)
+        return parsed
 
 
 @dataclass(frozen=True)

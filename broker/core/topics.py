@@ -105,13 +105,25 @@ def create_topic(
 
 
 def get_topic(principal: Principal, name: str, action: str = "consume") -> TopicInfo:
-    """A topic with its partitions' start and end offsets."""
+    """A topic with its partitions' start and end offsets, for a principal allowed action."""
     validate_name(name)
     keys.require(principal, name, action)
+    return _topic_with_partitions(name)
+
+
+def _topic_with_partitions(name: str) -> TopicInfo:
     topic = models.Topic.objects.filter(name=name).first()
     if topic is None:
         raise errors.TopicNotFound(name=name)
     return to_info(topic, list(topic.partitions.order_by("number")))
+
+
+def describe_topic(principal: Principal, name: str) -> TopicInfo:
+    """A topic with its partitions, for any principal that may see it (any permission)."""
+    validate_name(name)
+    if not any(keys.allows(principal, name, action) for action in keys.ACTIONS):
+        keys.require(principal, name, "consume")
+    return _topic_with_partitions(name)
 
 
 def list_topics(principal: Principal) -> list[TopicInfo]:

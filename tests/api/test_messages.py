@@ -255,3 +255,14 @@ def test_offsets__unknown_topic(api_client, error_of):
     response = api_client.get("/api/v1/topics/nope/offsets")
 
     assert error_of(response) == (404, "topic_not_found")
+
+
+def test_produce__unknown_message_field_rejected(api_client, topic_factory, end_offsets):
+    topic_factory("orders")
+    body = {"messages": [{"value": 1, "delay_ms": 5000}]}
+
+    response = api_client.post("/api/v1/topics/orders/messages", body, content_type=JSON)
+
+    assert response.status_code == 422
+    assert response.json()["error"]["detail"]["errors"][0]["loc"] == ["messages", 0, "delay_ms"]
+    assert end_offsets("orders") == [0]

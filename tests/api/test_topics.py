@@ -76,8 +76,23 @@ def test_create_topic__zero_partitions(api_client, error_of):
         "/api/v1/topics", {"name": "orders", "partitions": 0}, content_type=JSON
     )
 
-    assert error_of(response) == (422, "validation_error")
+    assert error_of(response) == (400, "invalid_partition_count")
     assert api_client.get("/api/v1/topics").json() == []
+
+
+def test_create_topic__default_partitions_from_settings(api_client, settings):
+    settings.FERRY_DEFAULT_PARTITIONS = 3
+    response = api_client.post("/api/v1/topics", {"name": "jobs"}, content_type=JSON)
+
+    assert response.json()["partitions"] == 3
+
+
+def test_get_topic__visible_to_producer(client_factory, topic_factory):
+    topic_factory("orders.eu")
+    producer = client_factory("produce:orders.*")
+
+    assert producer.get("/api/v1/topics/orders.eu").status_code == 200
+    assert producer.get("/api/v1/topics/billing").status_code == 403
 
 
 def test_get_topic__found(api_client, topic_factory):

@@ -138,3 +138,14 @@ def test_overview__topics_and_groups(topic_factory, console):
     )
     assert by_group["postman-group-1"].lag == 10
     assert by_group["postman-group-1"].capacity == 1000
+
+
+def test_poll_messages__without_commit_same_messages_across_partitions(topic_factory, console):
+    topic = topic_factory(partitions=3)
+    for p in range(3):
+        produce(console, topic.name, 2, partition=p)
+    polls = [
+        offsets_of(groups.poll_messages(console, "g", topic.name, 3, auto_commit=False))
+        for _ in range(4)
+    ]
+    assert all(p == polls[0] for p in polls)

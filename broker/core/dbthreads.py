@@ -1,0 +1,75 @@
+"""Long-lived threads that run core functions for the async edges, keeping their connections.
+
+See docs/decisions/0007-database-threads.md. Django's ASGI handler runs each request's sync
+code on a new thread, so every request would open (and leak) a database connection. The async
+edges (REST hot paths, long polls, WebSocket consumers) call the core through run() instead.
+"""
+
+import asyncio
+import functools
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from asgiref.sync import sync_to_async
+from django.db import connection
+from django.db.utils import DatabaseError
+
+from broker import settings as ferry_settings
+
+T = TypeVar("T")
+
+_local = threading.local()
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def thread_count() -> int:
+    """FERRY_DB_THREADS, or by default one for SQLite (one writer anyway) and four otherwise."""
+    configured = ferry_settings.get("DB_THREADS")
+    if configured >= 0:
+        return int(configured)
+    return 1 if connection.vendor == "sqlite" else 4
+
+
+def _get_pool() -> ThreadPoolExecutor | None:
+    global _pool
+    if _pool is None:
+        count = thread_count()
+        if count == 0:
+            return None
+        with _pool_lock:
+            if _pool is None:
+                _pool = ThreadPoolExecutor(max_workers=count, thread_name_prefix="ferry-db")
+    return _pool
+
+
+def home_loop() -> asyncio.AbstractEventLoop | None:
+    """The event loop that submitted the call running on this thread, if any."""
+    return getattr(_local, "loop", None)
+
+
+def _call(loop: asyncio.AbstractEventLoop, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    _local.loop = loop
+    try:
+        return fn(*args, **kwargs)
+    except DatabaseError:
+        # Drop a broken connection so the next call on this thread reconnects.
+        connection.close_if_unusable_or_obsolete()
+        raise
+    finally:
+        _local.loop = None
+
+
+async def run(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """Run a sync core function on a database thread and await its result.
+
+    With FERRY_DB_THREADS=0 (the tests) it falls back to sync_to_async, which runs on the
+    caller's thread, so a test's open transaction is visible.
+    """
+    pool = _get_pool()
+    if pool is None:
+        return await sync_to_async(fn)(*args, **kwargs)
+    loop = asyncio.get_running_loop()
+    return await loop.run_in_executor(pool, functools.partial(_call, loop, fn, *args, **kwargs))
