@@ -1,0 +1,1 @@
+"""The console's nouns, one module each, dispatched by the ferry command (docs/console.md)."""

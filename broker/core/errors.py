@@ -7,8 +7,15 @@ class BrokerError(Exception):
     """The broker refused the request."""
 
     code = "broker_error"
+    # The default message when the detail names the thing, e.g. "No topic named {name!r}."
+    template = ""
 
     def __init__(self, message: str | None = None, **detail: Any) -> None:
+        if message is None and self.template:
+            try:
+                message = self.template.format(**detail)
+            except (KeyError, IndexError):
+                message = None
         self.message = message or (self.__doc__ or self.code).strip()
         self.detail = detail
         super().__init__(self.message)
@@ -60,24 +67,28 @@ class TopicNotFound(BrokerError):
     """No topic has that name."""
 
     code = "topic_not_found"
+    template = "No topic named {name!r}."
 
 
 class TopicExists(BrokerError):
     """A topic with that name already exists."""
 
     code = "topic_exists"
+    template = "A topic named {name!r} already exists."
 
 
 class PartitionNotFound(BrokerError):
     """The topic has no partition with that number."""
 
     code = "partition_not_found"
+    template = "Topic {topic!r} has no partition {partition}."
 
 
 class GroupNotFound(BrokerError):
     """No consumer group has that name."""
 
     code = "group_not_found"
+    template = "No consumer group named {group!r}."
 
 
 class TopicFull(BrokerError):
@@ -108,9 +119,11 @@ class ApiKeyNotFound(BrokerError):
     """No API key has that name."""
 
     code = "api_key_not_found"
+    template = "No API key named {name!r}."
 
 
 class ApiKeyExists(BrokerError):
     """An API key with that name already exists."""
 
     code = "api_key_exists"
+    template = "An API key named {name!r} already exists."

@@ -1,0 +1,100 @@
+"""Console noun `consume`: poll as a consumer group, one JSON line per message (docs/console.md)."""
+
+import argparse
+import base64
+import contextlib
+from typing import Any
+
+import orjson
+from asgiref.sync import async_to_sync
+from django.core.management.base import BaseCommand
+
+from broker.cli import arguments
+from broker.core import groups, keys, records
+
+FOLLOW_WAIT_MS = 1000
+
+
+def add_parser(nouns: "argparse._SubParsersAction[Any]") -> None:
+    parser = nouns.add_parser(
+        "consume", help="Print the group's next messages as JSON lines (and commit them)."
+    )
+    parser.add_argument("topic")
+    parser.add_argument("--group", required=True, metavar="G")
+    parser.add_argument(
+        "--max-messages",
+        type=arguments.positive_int,
+        default=100,
+        metavar="N",
+        help="Messages per poll (default 100).",
+    )
+    parser.add_argument(
+        "--follow", action="store_true", help="Keep polling until Ctrl-C (or --max-total)."
+    )
+    parser.add_argument(
+        "--no-commit",
+        action="store_true",
+        help="Leave the committed offsets alone: the group sees these messages again.",
+    )
+    parser.add_argument(
+        "--max-total", type=arguments.positive_int, metavar="N", help="Stop after N messages."
+    )
+    parser.set_defaults(handler=handle)
+
+
+def handle(command: BaseCommand, options: dict[str, Any]) -> None:
+    printed = 0
+    max_total = options["max_total"]
+    # Ctrl-C is how --follow ends; what was printed is committed, what was not is not.
+    with contextlib.suppress(KeyboardInterrupt):
+        while max_total is None or printed < max_total:
+            result = poll(options, printed)
+            write(command, result)
+            # Commit after printing: a consumer killed in between sees the messages again
+            # (at least once) instead of losing them.
+            if result.next_offsets and not options["no_commit"]:
+                groups.commit_offsets(keys.CONSOLE, result.group, result.topic, result.next_offsets)
+            printed += len(result.messages)
+            if not options["follow"]:
+                if not result.messages:
+                    command.stderr.write(
+                        f"no new messages for group {result.group} on {result.topic}"
+                    )
+                return
+
+
+def poll(options: dict[str, Any], printed: int) -> records.PollResult:
+    """One poll; with --follow a long poll, run so the core stays on this thread."""
+    args = (keys.CONSOLE, options["group"], options["topic"], poll_size(options, printed), False)
+    if not options["follow"]:
+        return groups.poll_messages(*args)
+    return async_to_sync(groups.poll_messages_async)(*args, max_wait_ms=FOLLOW_WAIT_MS)
+
+
+def poll_size(options: dict[str, Any], printed: int) -> int:
+    """Messages to ask for: never more than --max-total leaves, so none is committed unprinted."""
+    if options["max_total"] is None:
+        return int(options["max_messages"])
+    return min(options["max_messages"], options["max_total"] - printed)
+
+
+def write(command: BaseCommand, result: records.PollResult) -> None:
+    for message in result.messages:
+        command.stdout.write(orjson.dumps(as_json(message)).decode())
+    command.stdout.flush()
+
+
+def as_json(message: records.StoredMessage) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "partition": message.partition,
+        "offset": message.offset,
+        "timestamp_ms": message.timestamp_ms,
+        "key": message.key,
+        "tag": message.tag,
+        "headers": message.headers,
+    }
+    if message.is_json:
+        out["value"] = orjson.loads(message.value)
+    else:
+        out["value_b64"] = base64.b64encode(message.value).decode()
+    return out

@@ -1,0 +1,42 @@
+"""Console noun `groups`: list groups, describe one's offsets and lag (docs/console.md)."""
+
+import argparse
+from typing import Any
+
+from django.core.management.base import BaseCommand
+
+from broker.cli import table
+from broker.core import groups, keys
+
+
+def add_parser(nouns: "argparse._SubParsersAction[Any]") -> None:
+    noun = nouns.add_parser("groups", help="List consumer groups, describe one's offsets and lag.")
+    verbs = noun.add_subparsers(dest="verb", required=True, metavar="<verb>")
+    verbs.add_parser("list", help="Per group and topic: committed, end, lag.").set_defaults(
+        handler=handle_list
+    )
+    describe = verbs.add_parser("describe", help="Per topic and partition: offsets and lag.")
+    describe.add_argument("group")
+    describe.set_defaults(handler=handle_describe)
+
+
+def handle_list(command: BaseCommand, options: dict[str, Any]) -> None:
+    rows = [
+        (t.group, t.topic, t.committed_total, t.end_total, t.lag)
+        for group in groups.list_groups(keys.CONSOLE)
+        for t in group.topics
+    ]
+    command.stdout.write(table.render(("group", "topic", "committed", "end", "lag"), rows))
+
+
+def handle_describe(command: BaseCommand, options: dict[str, Any]) -> None:
+    info = groups.describe_group(keys.CONSOLE, options["group"])
+    rows = [
+        (t.topic, p.partition, p.committed_offset, p.start_offset, p.end_offset, p.lag)
+        for t in info.topics
+        for p in t.partitions
+    ]
+    command.stdout.write(
+        f"group {info.name}\n\n"
+        + table.render(("topic", "partition", "committed", "start", "end", "lag"), rows)
+    )

@@ -1,0 +1,104 @@
+"""Console noun `consume`."""
+
+import base64
+
+import orjson
+import pytest
+from django.core.management.base import CommandError
+
+from broker.core import groups, keys, log, records
+
+
+def append_json(topic, *values, **fields):
+    batch = [records.NewMessage(orjson.dumps(v), **fields) for v in values]
+    log.append_messages(keys.CONSOLE, topic, batch)
+
+
+def lines(out):
+    return [orjson.loads(line) for line in out.splitlines()]
+
+
+def test_handle__json_lines_and_commit(ferry, topic_factory):
+    topic_factory("orders")
+    log.append_messages(
+        keys.CONSOLE,
+        "orders",
+        [records.NewMessage(b'{"id": 1}', key="k", tag="t", headers={"h": "v"})],
+    )
+    [message] = lines(ferry("consume", "orders", "--group=billing"))
+    assert set(message) == {"partition", "offset", "timestamp_ms", "key", "tag", "headers", "value"}
+    assert (message["partition"], message["offset"]) == (0, 0)
+    assert (message["key"], message["tag"], message["headers"]) == ("k", "t", {"h": "v"})
+    assert message["value"] == {"id": 1}
+    # Committed: the group moved past it.
+    assert ferry("consume", "orders", "--group=billing") == ""
+    [offsets] = groups.describe_group(keys.CONSOLE, "billing").topics
+    assert offsets.committed_total == 1
+
+
+def test_handle__no_commit_shows_same_messages_again(ferry, topic_factory):
+    topic_factory("orders")
+    append_json("orders", "a", "b")
+    first = ferry("consume", "orders", "--group=audit", "--no-commit")
+    assert [m["value"] for m in lines(first)] == ["a", "b"]
+    assert ferry("consume", "orders", "--group=audit", "--no-commit") == first
+    assert [m["value"] for m in lines(ferry("consume", "orders", "--group=audit"))] == ["a", "b"]
+    assert ferry("consume", "orders", "--group=audit") == ""
+
+
+def test_handle__max_messages(ferry, topic_factory):
+    topic_factory("orders")
+    append_json("orders", *range(5))
+    out = ferry("consume", "orders", "--group=g", "--max-messages=2")
+    assert [m["value"] for m in lines(out)] == [0, 1]
+    out = ferry("consume", "orders", "--group=g", "--max-messages=10")
+    assert [m["value"] for m in lines(out)] == [2, 3, 4]
+
+
+def test_handle__raw_bytes_as_base64(ferry, topic_factory):
+    topic_factory("orders")
+    log.append_messages(keys.CONSOLE, "orders", [records.NewMessage(b"\x00\xff", is_json=False)])
+    [message] = lines(ferry("consume", "orders", "--group=g"))
+    assert "value" not in message
+    assert base64.b64decode(message["value_b64"]) == b"\x00\xff"
+
+
+def test_handle__unknown_topic(ferry):
+    with pytest.raises(CommandError, match=r"^topic_not_found: "):
+        ferry("consume", "missing", "--group=g")
+
+
+def test_handle__bad_group_name(ferry, topic_factory):
+    topic_factory("orders")
+    with pytest.raises(CommandError, match=r"^invalid_request: Group names"):
+        ferry("consume", "orders", "--group=no spaces")
+
+
+def test_handle__group_required(ferry, topic_factory):
+    topic_factory("orders")
+    with pytest.raises(CommandError, match="--group"):
+        ferry("consume", "orders")
+
+
+# --follow polls through asyncio on asgiref's worker thread, which has its own database
+# connection: the data must be committed for it to see, hence transaction=True.
+@pytest.mark.django_db(transaction=True)
+def test_follow__max_total_stops(ferry, topic_factory):
+    topic_factory("orders", partitions=2)
+    append_json("orders", *range(5), partition=0)
+    append_json("orders", *range(5, 10), partition=1)
+    out = ferry("consume", "orders", "--group=g", "--follow", "--max-total=7", "--max-messages=3")
+    assert len(lines(out)) == 7
+    # Never more polled (and committed) than printed.
+    [offsets] = groups.describe_group(keys.CONSOLE, "g").topics
+    assert offsets.committed_total == 7
+
+
+def test_follow__ctrl_c_exits_cleanly(ferry, topic_factory, monkeypatch):
+    topic_factory("orders")
+
+    async def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(groups, "poll_messages_async", interrupted)
+    assert ferry("consume", "orders", "--group=g", "--follow") == ""

@@ -1,0 +1,125 @@
+"""Console noun `topics`."""
+
+import pytest
+from django.core.management.base import CommandError
+
+from broker.core import keys, log, records, topics
+
+
+def test_handle_create__defaults(ferry):
+    out = ferry("topics", "create", "orders")
+    assert out == "created topic orders with 1 partition(s)\n"
+    info = topics.get_topic(keys.CONSOLE, "orders")
+    assert info.partition_count == 1
+    assert info.capacity is None
+    assert info.overflow_policy == "reject"
+
+
+def test_handle_create__with_limits(ferry):
+    ferry(
+        "topics",
+        "create",
+        "orders",
+        "--partitions=3",
+        "--retention-ms=60000",
+        "--retention-bytes=1000000",
+        "--max-message-bytes=2048",
+        "--capacity=10",
+        "--overflow=drop_oldest",
+    )
+    info = topics.get_topic(keys.CONSOLE, "orders")
+    assert (info.partition_count, info.retention_ms, info.retention_bytes) == (3, 60000, 1000000)
+    assert (info.max_message_bytes, info.capacity, info.overflow_policy) == (
+        2048,
+        10,
+        "drop_oldest",
+    )
+
+
+def test_handle_create__bad_name(ferry):
+    with pytest.raises(CommandError, match=r"^invalid_topic_name: "):
+        ferry("topics", "create", "no spaces")
+
+
+def test_handle_create__exists(ferry, topic_factory):
+    topic_factory("orders")
+    with pytest.raises(CommandError, match=r"^topic_exists: "):
+        ferry("topics", "create", "orders")
+
+
+def test_handle_create__bad_limit(ferry):
+    with pytest.raises(CommandError, match=r"^invalid_request: capacity must be at least 1"):
+        ferry("topics", "create", "orders", "--capacity=0")
+    assert topics.list_topics(keys.CONSOLE) == []
+
+
+def test_handle_create__bad_overflow(ferry):
+    with pytest.raises(CommandError, match="invalid choice"):
+        ferry("topics", "create", "orders", "--overflow=block")
+
+
+def test_handle_list__table(ferry, topic_factory):
+    topic_factory("orders", partitions=2, capacity=50)
+    topic_factory("audit")
+    log.append_messages(
+        keys.CONSOLE, "orders", [records.NewMessage(b"1"), records.NewMessage(b"2")]
+    )
+    lines = ferry("topics", "list").splitlines()
+    assert lines[0].split() == ["NAME", "PARTITIONS", "MESSAGES", "CAPACITY"]
+    assert [line.split() for line in lines[1:]] == [
+        ["audit", "1", "0", "-"],
+        ["orders", "2", "2", "50"],
+    ]
+
+
+def test_handle_describe__settings_and_offsets(ferry, topic_factory):
+    topic_factory("orders", partitions=2)
+    log.append_messages(keys.CONSOLE, "orders", [records.NewMessage(b"1", partition=1)] * 3)
+    lines = ferry("topics", "describe", "orders").splitlines()
+    assert lines[0].split() == ["topic", "orders"]
+    assert ["partitions", "2"] in [line.split() for line in lines]
+    assert lines[-3].split() == ["PARTITION", "START", "END", "MESSAGES"]
+    assert [line.split() for line in lines[-2:]] == [["0", "0", "0", "0"], ["1", "0", "3", "3"]]
+
+
+def test_handle_describe__unknown(ferry):
+    with pytest.raises(CommandError, match=r"^topic_not_found: "):
+        ferry("topics", "describe", "missing")
+
+
+def test_handle_alter__grows_partitions_and_removes_capacity(ferry, topic_factory):
+    topic_factory("orders", partitions=1, capacity=10, retention_ms=5000)
+    out = ferry("topics", "alter", "orders", "--partitions=4", "--capacity=none")
+    assert out.startswith("altered topic orders\n")
+    info = topics.get_topic(keys.CONSOLE, "orders")
+    assert info.partition_count == 4
+    assert info.capacity is None
+    assert info.retention_ms == 5000  # not given, so kept
+
+
+def test_handle_alter__shrink(ferry, topic_factory):
+    topic_factory("orders", partitions=3)
+    with pytest.raises(CommandError, match=r"^invalid_partition_count: "):
+        ferry("topics", "alter", "orders", "--partitions=2")
+
+
+def test_handle_alter__nothing_given(ferry, topic_factory):
+    topic_factory("orders")
+    with pytest.raises(CommandError, match="Nothing to alter"):
+        ferry("topics", "alter", "orders")
+
+
+def test_handle_alter__unknown(ferry):
+    with pytest.raises(CommandError, match=r"^topic_not_found: "):
+        ferry("topics", "alter", "missing", "--capacity=5")
+
+
+def test_handle_delete__gone(ferry, topic_factory):
+    topic_factory("orders")
+    assert ferry("topics", "delete", "orders") == "deleted topic orders\n"
+    assert topics.list_topics(keys.CONSOLE) == []
+
+
+def test_handle_delete__unknown(ferry):
+    with pytest.raises(CommandError, match=r"^topic_not_found: "):
+        ferry("topics", "delete", "missing")
