@@ -84,7 +84,8 @@ class MessageIn(BaseModel):
     value_b64: str | None = None
     key: str | None = Field(None, max_length=1024)
     tag: str | None = Field(None, max_length=200)
-    headers: dict[str, str] = {}
+    # default_factory: a plain {} default is deep-copied per message, which costs more.
+    headers: dict[str, str] = Field(default_factory=dict)
     partition: int | None = None
     id: str | None = Field(None, min_length=1, max_length=200, description="Client message id.")
 

@@ -6,7 +6,7 @@ row lock inside the appending transaction, so they are contiguous and never reus
 
 import time
 from collections import Counter
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import orjson
 from django.db import IntegrityError, connection, transaction
@@ -46,8 +46,7 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-@dataclass(frozen=True)
-class _Planned:
+class _Planned(NamedTuple):
     partition: int
     message: NewMessage
     size_bytes: int
@@ -56,6 +55,8 @@ class _Planned:
 def message_size(message: NewMessage) -> int:
     """What counts against max_message_bytes: value, key and headers, in bytes."""
     size = len(message.value)
+    if message.key is None and not message.headers:
+        return size
     if message.key is not None:
         size += len(message.key.encode())
     for name, value in message.headers.items():
@@ -65,6 +66,9 @@ def message_size(message: NewMessage) -> int:
 
 def _plan(topic: models.Topic, messages: list[NewMessage]) -> list[_Planned]:
     """Validate every message and choose its partition, before anything is written."""
+    partitions = partitioning.choose_partitions(
+        topic.partition_count, topic.id, [(m.partition, m.key) for m in messages]
+    )
     planned = []
     for index, message in enumerate(messages):
         if message.partition is not None and not 0 <= message.partition < topic.partition_count:
@@ -82,10 +86,7 @@ def _plan(topic: models.Topic, messages: list[NewMessage]) -> list[_Planned]:
                 size_bytes=size,
                 max_message_bytes=topic.max_message_bytes,
             )
-        partition = partitioning.choose_partition(
-            topic.partition_count, topic.id, message.partition, message.key
-        )
-        planned.append(_Planned(partition, message, size))
+        planned.append(_Planned(partitions[index], message, size))
     return planned
 
 
@@ -200,32 +201,37 @@ def _store(
                     capacity=topic.capacity,
                     incoming=count,
                 )
+    # Plain dicts and locals in the per-message loop: it runs once per message of every batch.
+    next_offset = {n: p.next_offset for n, p in partitions.items()}
+    partition_id = {n: p.id for n, p in partitions.items()}
+    added_bytes = dict.fromkeys(partitions, 0)
     rows = []
     for index in to_store:
-        planned = plan[index]
-        message = planned.message
-        p = partitions[planned.partition]
-        offset = p.next_offset
-        p.next_offset += 1
-        p.bytes_stored += planned.size_bytes
+        number, message, size = plan[index]
+        offset = next_offset[number]
+        next_offset[number] = offset + 1
+        added_bytes[number] += size
+        headers = message.headers
         rows.append(
             (
-                p.id,
+                partition_id[number],
                 offset,
                 timestamp_ms,
                 message.key,
                 message.tag,
-                orjson.dumps(message.headers).decode(),
+                orjson.dumps(headers).decode() if headers else "{}",
                 message.value,
                 message.is_json,
-                planned.size_bytes,
+                size,
                 message.client_id,
             )
         )
-        results[index] = AppendResult(planned.partition, offset, duplicate=False)
+        results[index] = AppendResult(number, offset, False)
     with connection.cursor() as cursor:
         cursor.executemany(INSERT_MESSAGES, rows)
-    for p in partitions.values():
+    for number, p in partitions.items():
+        p.next_offset = next_offset[number]
+        p.bytes_stored += added_bytes[number]
         if topic.capacity is not None and p.next_offset - p.start_offset > topic.capacity:
             # drop_oldest: the reject policy raised above, before any insert.
             _truncate(p, p.next_offset - topic.capacity)

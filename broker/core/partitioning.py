@@ -4,7 +4,6 @@ See docs/decisions/0002-key-hash.md: the hash is Kafka's default partitioner, so
 the same partition in every process and every release, and on the same one as in Kafka.
 """
 
-import itertools
 import threading
 
 _SEED = 0x9747B28C
@@ -47,24 +46,36 @@ class RoundRobin:
     """Per-process round robin over a topic's partitions for messages with no key (thread safe)."""
 
     def __init__(self) -> None:
-        self._counters: dict[int, itertools.count[int]] = {}
+        self._next: dict[int, int] = {}
         self._lock = threading.Lock()
 
-    def next(self, topic_id: int, partition_count: int) -> int:
+    def take(self, topic_id: int, count: int) -> int:
+        """Reserve count turns; returns the first. One lock per batch, not per message."""
         with self._lock:
-            counter = self._counters.setdefault(topic_id, itertools.count())
-            return next(counter) % partition_count
+            start = self._next.get(topic_id, 0)
+            self._next[topic_id] = start + count
+            return start
 
 
 _round_robin = RoundRobin()
 
 
-def choose_partition(
-    partition_count: int, topic_id: int, partition: int | None, key: str | None
-) -> int:
-    """Explicit partition, else the key's hash, else the next partition in round robin."""
-    if partition is not None:
-        return partition
-    if key is not None:
-        return partition_for_key(key, partition_count)
-    return _round_robin.next(topic_id, partition_count)
+def choose_partitions(
+    partition_count: int, topic_id: int, wanted: list[tuple[int | None, str | None]]
+) -> list[int]:
+    """Per (explicit partition, key): the partition, else the key's hash, else round robin."""
+    if partition_count == 1:
+        return [0 if p is None else p for p, _ in wanted]
+    turn = None
+    chosen = []
+    for partition, key in wanted:
+        if partition is None:
+            if key is not None:
+                partition = partition_for_key(key, partition_count)
+            else:
+                if turn is None:
+                    turn = _round_robin.take(topic_id, len(wanted))
+                partition = turn % partition_count
+                turn += 1
+        chosen.append(partition)
+    return chosen

@@ -1,6 +1,7 @@
 """Frozen records the core returns instead of model instances (docs/architecture.md#records)."""
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import NamedTuple
 
 import orjson
 
@@ -59,28 +60,29 @@ class TopicInfo:
     partitions: tuple[PartitionInfo, ...] = ()
 
 
-@dataclass(frozen=True)
-class NewMessage:
+# The three per-message records are NamedTuples, immutable like the dataclasses here but built
+# several times faster: a batch makes thousands of them on the produce and fetch hot paths.
+
+
+class NewMessage(NamedTuple):
     """A message to append, already validated for shape by the edge."""
 
     value: bytes
     is_json: bool = True
     key: str | None = None
     tag: str | None = None
-    headers: dict[str, str] = field(default_factory=dict)
+    headers: dict[str, str] = {}  # noqa: RUF012 - a NamedTuple default, never mutated
     partition: int | None = None
     client_id: str | None = None
 
 
-@dataclass(frozen=True)
-class AppendResult:
+class AppendResult(NamedTuple):
     partition: int
     offset: int
     duplicate: bool
 
 
-@dataclass(frozen=True, slots=True)
-class StoredMessage:
+class StoredMessage(NamedTuple):
     partition: int
     offset: int
     timestamp_ms: int

@@ -31,11 +31,25 @@ def test_partition_for_key__kafka_value():
     assert partitioning.partition_for_key("foobar", 3) == (-790332482 & 0x7FFFFFFF) % 3
 
 
-def test_choose_partition__explicit_wins_over_key():
-    assert partitioning.choose_partition(4, 1, 3, "foobar") == 3
+def test_choose_partitions__explicit_wins_over_key():
+    assert partitioning.choose_partitions(4, 1, [(3, "foobar"), (None, "foobar")]) == [
+        3,
+        partitioning.partition_for_key("foobar", 4),
+    ]
 
 
-def test_choose_partition__round_robin_without_key():
-    rr = [partitioning.choose_partition(3, 999_001, None, None) for _ in range(6)]
-    assert sorted(rr) == [0, 0, 1, 1, 2, 2]
-    assert rr[:3] == [rr[0], (rr[0] + 1) % 3, (rr[0] + 2) % 3]
+def test_choose_partitions__round_robin_without_key():
+    rr = partitioning.choose_partitions(3, 999_001, [(None, None)] * 6)
+    assert rr == [rr[0], (rr[0] + 1) % 3, (rr[0] + 2) % 3] * 2
+    later = partitioning.choose_partitions(3, 999_001, [(None, None)] * 3)
+    assert sorted(later) == [0, 1, 2]
+
+
+def test_choose_partitions__round_robin_continues_across_batches():
+    first = partitioning.choose_partitions(4, 999_002, [(None, None)])
+    second = partitioning.choose_partitions(4, 999_002, [(None, None)])
+    assert second == [(first[0] + 1) % 4]
+
+
+def test_choose_partitions__single_partition():
+    assert partitioning.choose_partitions(1, 5, [(None, "k"), (None, None), (0, None)]) == [0, 0, 0]
