@@ -71,7 +71,7 @@ class NewMessage(NamedTuple):
     is_json: bool = True
     key: str | None = None
     tag: str | None = None
-    headers: dict[str, str] = {}  # noqa: RUF012 - a NamedTuple default, never mutated
+    headers: dict[str, str] = {}  # shared default: the core never mutates headers
     partition: int | None = None
     client_id: str | None = None
 
