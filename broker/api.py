@@ -68,7 +68,7 @@ class OrjsonRenderer(BaseRenderer):
 
 class ApiKeyAuth(HttpBearer):
     async def authenticate(self, request: HttpRequest, token: str) -> Principal:
-        return await dbthreads.run(keys.authenticate, token)
+        return keys.cached_principal(token) or await dbthreads.run(keys.authenticate, token)
 
 
 api = NinjaAPI(
@@ -203,6 +203,9 @@ def group_out(info: GroupInfo) -> dict[str, Any]:
     }
 
 
+EMPTY_HEADERS = orjson.Fragment("{}")
+
+
 def message_out(m: StoredMessage) -> dict[str, Any]:
     out: dict[str, Any] = {
         "partition": m.partition,
@@ -210,7 +213,7 @@ def message_out(m: StoredMessage) -> dict[str, Any]:
         "timestamp_ms": m.timestamp_ms,
         "key": m.key,
         "tag": m.tag,
-        "headers": orjson.Fragment(m.headers_json),
+        "headers": EMPTY_HEADERS if m.headers_json == "{}" else orjson.Fragment(m.headers_json),
         "id": m.client_id,
     }
     if m.is_json:

@@ -19,6 +19,8 @@ class Defaults:
     # Fetch and poll.
     MAX_FETCH_MESSAGES: int = 10_000
     MAX_WAIT_MS: int = 30_000
+    # How long an authenticated key is remembered per process (0: ask the database every time).
+    AUTH_CACHE_SECONDS: float = 1.0
     # Threads that run core calls for async edges; -1 picks 1 on SQLite, 4 on PostgreSQL.
     DB_THREADS: int = -1
     # Background jobs: run inside the server process (the embedded default) unless Celery runs them.

@@ -10,6 +10,9 @@ from mqsite.settings import DATABASES
 FERRY_BACKGROUND_IN_PROCESS = False
 # Core calls run on the caller's thread, so a test's transaction is visible to the API.
 FERRY_DB_THREADS = 0
+# Every request asks the database, so tests see revocations at once (tests/core/test_keys.py
+# covers the cache).
+FERRY_AUTH_CACHE_SECONDS = 0
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 _default = DATABASES["default"]
@@ -21,5 +24,7 @@ if _default["ENGINE"].endswith("sqlite3"):
 # test database by this name instead of creating one.
 if os.environ.get("FERRY_TEST_DB_NAME"):
     _default["NAME"] = os.environ["FERRY_TEST_DB_NAME"]
-    # Servers started by tests run like production: core calls on database threads.
+    # Servers started by tests run like production: core calls on database threads, and
+    # authenticated keys remembered for a second.
     FERRY_DB_THREADS = -1
+    FERRY_AUTH_CACHE_SECONDS = 1.0

@@ -3,12 +3,15 @@
 import fnmatch
 import hashlib
 import secrets
+import threading
+import time
 from collections.abc import Iterable
 
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from broker import models
+from broker import settings as ferry_settings
 from broker.core import errors
 from broker.core.records import ApiKeyInfo, Permission, Principal
 
@@ -18,6 +21,10 @@ _IMPLIED_BY = {"produce": {"produce", "admin"}, "consume": {"consume", "admin"},
 KEY_PREFIX = "fry_"
 
 CONSOLE = Principal(name="console", is_system=True)
+
+# key hash -> (expires at, monotonic clock; principal): see cached_principal().
+_cache: dict[str, tuple[float, Principal]] = {}
+_cache_lock = threading.Lock()
 
 
 def parse_permission(text: str) -> Permission:
@@ -76,11 +83,30 @@ def authenticate(secret: str | None) -> Principal:
     )
     if row is None:
         raise errors.Unauthenticated("The API key is unknown or revoked.")
-    return Principal(
+    principal = Principal(
         name=row["name"],
         permissions=tuple(Permission(**p) for p in row["permissions"]),
         key_id=row["id"],
     )
+    ttl = ferry_settings.get("AUTH_CACHE_SECONDS")
+    if ttl > 0:
+        with _cache_lock:
+            _cache[hash_key(secret)] = (time.monotonic() + ttl, principal)
+    return principal
+
+
+def cached_principal(secret: str | None) -> Principal | None:
+    """The principal authenticate() returned for this key less than AUTH_CACHE_SECONDS ago.
+
+    No database access, so async edges may call it on the event loop and skip a thread hop.
+    A revocation in this process takes effect at once; in another, within AUTH_CACHE_SECONDS.
+    """
+    if not secret:
+        return None
+    entry = _cache.get(hash_key(secret))
+    if entry is None or entry[0] < time.monotonic():
+        return None
+    return entry[1]
 
 
 def _info(row: models.ApiKey) -> ApiKeyInfo:
@@ -134,4 +160,6 @@ def revoke_api_key(principal: Principal, name: str) -> ApiKeyInfo:
         if row.revoked_at is None:
             row.revoked_at = timezone.now()
             row.save(update_fields=["revoked_at"])
+        with _cache_lock:
+            _cache.clear()
     return _info(row)

@@ -252,19 +252,27 @@ def _truncate(partition: models.Partition, new_start: int) -> int:
     return removed
 
 
-def _partition(principal: Principal, topic_name: str, number: int) -> models.Partition:
+class _PartitionRow(NamedTuple):
+    id: int
+    topic_id: int
+    start_offset: int
+    next_offset: int
+
+
+def _partition(principal: Principal, topic_name: str, number: int) -> _PartitionRow:
     topics.validate_name(topic_name)
     keys.require(principal, topic_name, "consume")
-    row = (
-        models.Partition.objects.select_related("topic")
-        .filter(topic__name=topic_name, number=number)
+    # values_list: no model instances on the fetch hot path.
+    found = (
+        models.Partition.objects.filter(topic__name=topic_name, number=number)
+        .values_list("id", "topic_id", "start_offset", "next_offset")
         .first()
     )
-    if row is None:
-        if not models.Topic.objects.filter(name=topic_name).exists():
-            raise errors.TopicNotFound(name=topic_name)
-        raise errors.PartitionNotFound(topic=topic_name, partition=number)
-    return row
+    if found is not None:
+        return _PartitionRow(*found)
+    if not models.Topic.objects.filter(name=topic_name).exists():
+        raise errors.TopicNotFound(name=topic_name)
+    raise errors.PartitionNotFound(topic=topic_name, partition=number)
 
 
 def read_partition(partition_id: int, number: int, offset: int, limit: int) -> list[StoredMessage]:

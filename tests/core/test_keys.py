@@ -49,3 +49,24 @@ def test_create_api_key__only_superuser_keys(db, key_factory):
         keys.create_api_key(root, "y", [])
     with pytest.raises(errors.ApiKeyNotFound):
         keys.revoke_api_key(root, "missing")
+
+
+def test_cached_principal__remembers_then_forgets(db, console, settings, monkeypatch):
+    settings.FERRY_AUTH_CACHE_SECONDS = 5
+    _, secret = keys.create_api_key(console, "svc", [keys.parse_permission("consume")])
+    assert keys.cached_principal(secret) is None
+    principal = keys.authenticate(secret)
+    assert keys.cached_principal(secret) == principal
+    now = keys.time.monotonic()
+    monkeypatch.setattr(keys.time, "monotonic", lambda: now + 6)
+    assert keys.cached_principal(secret) is None
+
+
+def test_revoke_api_key__clears_this_process_cache(db, console, settings):
+    settings.FERRY_AUTH_CACHE_SECONDS = 60
+    _, secret = keys.create_api_key(console, "svc", [keys.parse_permission("consume")])
+    keys.authenticate(secret)
+    keys.revoke_api_key(console, "svc")
+    assert keys.cached_principal(secret) is None
+    with pytest.raises(errors.Unauthenticated):
+        keys.authenticate(secret)
