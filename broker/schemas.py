@@ -2,11 +2,19 @@
 
 import base64
 import binascii
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, NotRequired
 
 import orjson
 from ninja import Schema
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    StringConstraints,
+    model_validator,
+)
+from typing_extensions import TypedDict
 
 from broker.core.records import NewMessage
 
@@ -73,21 +81,20 @@ class TopicOut(Schema):
     partition_offsets: list[PartitionOut]
 
 
-class MessageIn(BaseModel):
+class MessageIn(TypedDict):
     """One message: exactly one of value (any JSON) or value_b64 (raw bytes, base64)."""
 
-    # A plain pydantic model: Ninja's Schema adds a per-object validator that costs more than
-    # storing the message (docs/benchmarks.md).
-    model_config = ConfigDict(extra="forbid")
+    # A TypedDict, not a model: validating a thousand plain dicts costs a fifth of building a
+    # thousand model instances, on the produce hot path (docs/benchmarks.md).
+    __pydantic_config__ = ConfigDict(extra="forbid")  # type: ignore[misc]
 
-    value: Any = None
-    value_b64: str | None = None
-    key: str | None = Field(None, max_length=1024)
-    tag: str | None = Field(None, max_length=200)
-    # default_factory: a plain {} default is deep-copied per message, which costs more.
-    headers: dict[str, str] = Field(default_factory=dict)
-    partition: int | None = None
-    id: str | None = Field(None, min_length=1, max_length=200, description="Client message id.")
+    value: NotRequired[Any]
+    value_b64: NotRequired[str | None]
+    key: NotRequired[Annotated[str, StringConstraints(max_length=1024)] | None]
+    tag: NotRequired[Annotated[str, StringConstraints(max_length=200)] | None]
+    headers: NotRequired[dict[str, str]]
+    partition: NotRequired[int | None]
+    id: NotRequired[Annotated[str, StringConstraints(min_length=1, max_length=200)] | None]
 
 
 class ProduceIn(BaseModel):
@@ -101,25 +108,25 @@ class ProduceIn(BaseModel):
         """One pass over the batch: exactly one of value/value_b64, base64 decoded once."""
         converted = []
         for index, m in enumerate(self.messages):
-            has_value = "value" in m.model_fields_set
-            if has_value == (m.value_b64 is not None):
+            value_b64 = m.get("value_b64")
+            if ("value" in m) == (value_b64 is not None):
                 raise ValueError(f"messages.{index}: give exactly one of value or value_b64")
-            if has_value:
-                value, is_json = orjson.dumps(m.value), True
+            if value_b64 is None:
+                value, is_json = orjson.dumps(m["value"]), True
             else:
                 try:
-                    value, is_json = base64.b64decode(m.value_b64 or "", validate=True), False
+                    value, is_json = base64.b64decode(value_b64, validate=True), False
                 except binascii.Error as exc:
                     raise ValueError(f"messages.{index}: value_b64 is not base64: {exc}") from None
             converted.append(
                 NewMessage(
-                    value=value,
-                    is_json=is_json,
-                    key=m.key,
-                    tag=m.tag,
-                    headers=m.headers,
-                    partition=m.partition,
-                    client_id=m.id,
+                    value,
+                    is_json,
+                    m.get("key"),
+                    m.get("tag"),
+                    m.get("headers") or {},
+                    m.get("partition"),
+                    m.get("id"),
                 )
             )
         self._new_messages = converted
