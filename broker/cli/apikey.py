@@ -30,7 +30,9 @@ def add_parser(nouns: "argparse._SubParsersAction[Any]") -> None:
         handler=handle_list
     )
 
-    revoke = verbs.add_parser("revoke", help="Revoke a key; it stops working at once.")
+    revoke = verbs.add_parser(
+        "revoke", help="Revoke a key; it stops working within FERRY_AUTH_CACHE_SECONDS (1 s)."
+    )
     revoke.add_argument("name")
     revoke.set_defaults(handler=handle_revoke)
 

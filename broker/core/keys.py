@@ -151,7 +151,7 @@ def list_api_keys(principal: Principal) -> list[ApiKeyInfo]:
 
 
 def revoke_api_key(principal: Principal, name: str) -> ApiKeyInfo:
-    """Revoke a key by name; it stops working at once."""
+    """Revoke a key by name; every process refuses it within AUTH_CACHE_SECONDS."""
     require_superuser(principal)
     with transaction.atomic(durable=True):
         row = models.ApiKey.objects.select_for_update().filter(name=name).first()
