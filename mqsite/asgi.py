@@ -28,6 +28,12 @@ API_MIDDLEWARE = ["broker.middleware.api_json_errors"]
 class ApiHandler(ASGIHandler):
     """Django's ASGI handler with API_MIDDLEWARE instead of settings.MIDDLEWARE."""
 
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        # Without Django's per-request ThreadSensitiveContext, the few sync steps of a request
+        # (signals, sync views) share asgiref's one sync thread instead of starting a thread
+        # per request; core calls already run on broker/core/dbthreads.py.
+        await self.handle(scope, receive, send)
+
     def load_middleware(self, is_async: bool = False) -> None:
         # BaseHandler reads settings.MIDDLEWARE; swap it while this handler is built, once, at
         # import, before any request is served.
