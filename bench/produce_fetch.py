@@ -50,6 +50,8 @@ FETCH_LIMIT = 1000
 CLIENTS = 4
 # Interleaved batch-1000 comparison: rounds of ROUND_BATCHES produce calls then raw batches.
 ROUNDS = 15
+# Consumers reading at once for the concurrent fetch row.
+FETCH_CLIENTS = 2
 ROUND_BATCHES = 10
 TARGET_PRODUCE_VS_RAW = 0.40
 TARGET_FETCH_MSGS_S = 100_000
@@ -388,6 +390,49 @@ def fetch_phase(client: httpx.Client, topic: str, end_offset: int) -> Phase:
     return phase
 
 
+def concurrent_fetch_phase(
+    url: str, headers: dict[str, str], topic: str, end_offset: int, clients: int
+) -> Phase:
+    """clients threads each walk their share of the partition, as several consumers would."""
+    path = f"/api/v1/topics/{topic}/partitions/0/messages"
+    latencies: list[float] = []
+    counts: list[int] = []
+    lock = threading.Lock()
+    share = -(-end_offset // clients)
+
+    def work(first: int) -> None:
+        last = min(end_offset, first + share)
+        offset, fetched = first, 0
+        with httpx.Client(base_url=url, headers=headers, timeout=60) as client:
+            barrier.wait()
+            while offset < last:
+                t0 = time.perf_counter()
+                limit = min(FETCH_LIMIT, last - offset)
+                response = client.get(path, params={"offset": offset, "limit": limit})
+                messages = orjson.loads(response.content)["messages"]
+                elapsed = time.perf_counter() - t0
+                if not messages or messages[0]["offset"] != offset:
+                    raise RuntimeError(f"concurrent fetch at {offset}: unexpected page")
+                offset += len(messages)
+                fetched += len(messages)
+                with lock:
+                    latencies.append(elapsed)
+        with lock:
+            counts.append(fetched)
+
+    barrier = threading.Barrier(clients + 1)
+    threads = [threading.Thread(target=work, args=(i * share,)) for i in range(clients)]
+    for t in threads:
+        t.start()
+    barrier.wait()
+    started = time.perf_counter()
+    for t in threads:
+        t.join()
+    seconds = time.perf_counter() - started
+    name = f"fetch limit={FETCH_LIMIT} x{clients}"
+    return Phase(name, len(latencies), sum(counts), seconds, latencies)
+
+
 # --- Report ----------------------------------------------------------------------------------
 
 
@@ -400,10 +445,11 @@ def report(
     produce: list[Phase],
     concurrent: Phase,
     ratios: list[float],
-    fetch: Phase,
+    fetches: list[Phase],
     raw: list[Phase],
     raw_one_txn: Phase,
 ) -> str:
+    fetch = fetches[0]
     client_ms = fetch.client_seconds / fetch.requests * 1000
     lines = ["", "Ferry bench: REST produce / fetch vs raw storage (bench/produce_fetch.py)"]
     width = max(len(k) for k, _ in header)
@@ -438,8 +484,9 @@ def report(
         f"  batch=1000 interleaved, {len(ratios)} rounds: median broker/raw {percent(median)}"
         f" ({', '.join(percent(r) for r in ratios)})   {produce_target(median)}"
     )
-    verdict = "ok" if fetch.msgs_per_s >= TARGET_FETCH_MSGS_S else "MISSED"
-    lines.append(row(fetch, target=f">= {TARGET_FETCH_MSGS_S:,} msgs/s: {verdict}"))
+    for f in fetches:
+        verdict = "ok" if f.msgs_per_s >= TARGET_FETCH_MSGS_S else "MISSED"
+        lines.append(row(f, target=f">= {TARGET_FETCH_MSGS_S:,} msgs/s: {verdict}"))
     for r in raw:
         lines.append(row(r))
     lines.append(row(raw_one_txn))
@@ -455,6 +502,7 @@ def report(
         "  raw: the broker's INSERT_MESSAGES rows via cursor.executemany through Django's",
         "  connection, same table and DB, one transaction per batch (as the broker commits one",
         "  per produce request); 'one txn' is a reference with every batch in one transaction.",
+        f"  'fetch x{FETCH_CLIENTS}': {FETCH_CLIENTS} consumer threads, each walking its half.",
         f"  fetch: the client's JSON decoding and checks took {client_ms:.2f} ms of the "
         f"{fetch.seconds / fetch.requests * 1000:.2f} ms per page.",
         "",
@@ -530,6 +578,11 @@ def main() -> int:
                 progress(f"fetch: {end_offset} messages, limit={FETCH_LIMIT}")
                 fetch = fetch_phase(client, topic, end_offset)
                 progress(f"  {fetch.msgs_per_s:,.0f} msgs/s")
+                progress(f"fetch: the same from {FETCH_CLIENTS} consumers at once")
+                fetch_many = concurrent_fetch_phase(
+                    url, dict(client.headers), topic, end_offset, FETCH_CLIENTS
+                )
+                progress(f"  {fetch_many.msgs_per_s:,.0f} msgs/s")
         finally:
             stop_daphne(proc)
 
@@ -574,7 +627,10 @@ def main() -> int:
                 " bytes; no key, tag, headers or id",
             ),
         ]
-        print(report(header, produce, concurrent, ratios, fetch, raw, raw_one_txn), flush=True)
+        print(
+            report(header, produce, concurrent, ratios, [fetch, fetch_many], raw, raw_one_txn),
+            flush=True,
+        )
         ok = True
         return 0
     finally:

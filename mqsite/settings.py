@@ -96,7 +96,7 @@ def database_config() -> dict:
             # acknowledged produce survives power loss, not only a process crash.
             "init_command": (
                 f"PRAGMA journal_mode=WAL; PRAGMA synchronous={synchronous}; "
-                "PRAGMA foreign_keys=ON; PRAGMA cache_size=-65536;"
+                "PRAGMA foreign_keys=ON; PRAGMA cache_size=-65536; PRAGMA mmap_size=1073741824;"
             ),
         },
     }
