@@ -1,9 +1,10 @@
-"""A real Daphne process serving the test database on loopback, shared by the integration tests."""
+"""Real servers on loopback for the integration tests: Daphne on the test database, Redis."""
 
 import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,6 +14,7 @@ import pytest
 from django.db import connection
 
 ROOT = Path(__file__).resolve().parents[2]
+START_TIMEOUT_S = 30
 
 
 def free_port() -> int:
@@ -21,14 +23,20 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="session")
-def broker_url(django_db_setup, django_db_blocker) -> Iterator[str]:
-    """Base URL of a Daphne process running mqsite.asgi against the test database."""
-    with django_db_blocker.unblock():
-        db_name = str(connection.settings_dict["NAME"])
+def server_env(**extra: str) -> dict[str, str]:
+    """The environment of a process that works on this test run's database."""
+    return dict(
+        os.environ,
+        FERRY_TEST_DB_NAME=str(connection.settings_dict["NAME"]),
+        DJANGO_SETTINGS_MODULE="tests.settings",
+        **extra,
+    )
+
+
+def start_daphne(**extra_env: str) -> tuple[subprocess.Popen[bytes], str]:
+    """A Daphne process serving mqsite.asgi; returns it and its base URL once it is healthy."""
     port = free_port()
-    env = dict(os.environ, FERRY_TEST_DB_NAME=db_name, DJANGO_SETTINGS_MODULE="tests.settings")
-    log_path = Path(os.environ.get("FERRY_TEST_DIR", "/tmp")) / f"daphne-{port}.log"
+    log_path = Path(os.environ.get("FERRY_TEST_DIR", tempfile.gettempdir())) / f"daphne-{port}.log"
     with open(log_path, "wb") as log_file:
         proc = subprocess.Popen(
             [
@@ -42,27 +50,57 @@ def broker_url(django_db_setup, django_db_blocker) -> Iterator[str]:
                 "mqsite.asgi:application",
             ],
             cwd=ROOT,
-            env=env,
+            env=server_env(**extra_env),
             stdout=log_file,
             stderr=subprocess.STDOUT,
         )
     url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(f"{url}/api/v1/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"daphne did not start: {log_path.read_text()[-2000:]}")
-            time.sleep(0.1)
-        yield url
-    finally:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while True:
+        try:
+            if httpx.get(f"{url}/api/v1/health", timeout=1).status_code == 200:
+                return proc, url
+        except httpx.TransportError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            stop(proc)
+            raise RuntimeError(f"daphne did not start: {log_path.read_text()[-2000:]}")
+        time.sleep(0.1)
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    """Terminate a process we started, by its PID, and reap it."""
+    if proc.poll() is None:
         proc.terminate()
         try:
             proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+@pytest.fixture(scope="session")
+def broker_url(django_db_setup, django_db_blocker) -> Iterator[str]:
+    """Base URL of a Daphne process running mqsite.asgi against the test database."""
+    with django_db_blocker.unblock():
+        proc, url = start_daphne()
+    try:
+        yield url
+    finally:
+        stop(proc)
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> Iterator[str]:
+    """A private Redis on loopback, started (and installed if missing) by scripts/redis."""
+    with tempfile.TemporaryDirectory(prefix="ferry-redis-") as directory:
+        started = subprocess.run(
+            [str(ROOT / "scripts" / "redis"), "start", directory, str(free_port())],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+        try:
+            yield started.stdout.strip().splitlines()[-1]
+        finally:
+            subprocess.run([str(ROOT / "scripts" / "redis"), "stop", directory], check=False)

@@ -8,49 +8,18 @@ import time
 
 import httpx
 import pytest
-from django.db import connection
 
 from broker import models
-from tests.integration.conftest import ROOT, free_port
+from tests.integration.conftest import ROOT, server_env, start_daphne
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
-
-
-def start_server():
-    port = free_port()
-    env = dict(os.environ, FERRY_TEST_DB_NAME=str(connection.settings_dict["NAME"]))
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "daphne",
-            "-b",
-            "127.0.0.1",
-            "-p",
-            str(port),
-            "mqsite.asgi:application",
-        ],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"http://127.0.0.1:{port}/api/v1"
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.TransportError:
-            time.sleep(0.1)
-    proc.kill()
-    raise RuntimeError("daphne did not start")
 
 
 def test_produce__acknowledged_messages_survive_sigkill(key_factory, topic_factory):
     topic = topic_factory(partitions=2)
     _, secret = key_factory("produce:*")
-    proc, url = start_server()
+    proc, base = start_daphne()
+    url = f"{base}/api/v1"
     acknowledged = []
     try:
         with httpx.Client(headers={"Authorization": f"Bearer {secret}"}, timeout=10) as http:
@@ -75,11 +44,10 @@ def test_produce__acknowledged_messages_survive_sigkill(key_factory, topic_facto
 
 def test_append_messages__killed_producer_leaves_whole_batches(topic_factory):
     topic = topic_factory()
-    env = dict(os.environ, FERRY_TEST_DB_NAME=str(connection.settings_dict["NAME"]))
     proc = subprocess.Popen(
         [sys.executable, "-m", "tests.concurrency.worker", "produce", topic.name, "100000", "250"],
         cwd=ROOT,
-        env=env,
+        env=server_env(),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
