@@ -68,7 +68,16 @@ class OrjsonRenderer(BaseRenderer):
 
 class ApiKeyAuth(HttpBearer):
     async def authenticate(self, request: HttpRequest, token: str) -> Principal:
-        return keys.cached_principal(token) or await dbthreads.run(keys.authenticate, token)
+        cached = keys.cached_principal(token)
+        if cached is not None:
+            return cached
+        return await dbthreads.run(keys.authenticate, token)
+
+
+class AuthedRequest(HttpRequest):
+    """A request that passed ApiKeyAuth: Ninja sets `auth` to what authenticate() returned."""
+
+    auth: Principal
 
 
 api = NinjaAPI(
@@ -237,12 +246,12 @@ def health(request: HttpRequest) -> dict[str, str]:
 
 
 @api.get("/topics", response=list[schemas.TopicOut], tags=["topics"])
-def list_topics(request: HttpRequest) -> list[dict[str, Any]]:
+def list_topics(request: AuthedRequest) -> list[dict[str, Any]]:
     return [topic_out(t) for t in topics.list_topics(request.auth)]
 
 
 @api.post("/topics", response={201: schemas.TopicOut}, tags=["topics"])
-def create_topic(request: HttpRequest, body: schemas.TopicIn) -> Status[dict[str, Any]]:
+def create_topic(request: AuthedRequest, body: schemas.TopicIn) -> Status[dict[str, Any]]:
     info = topics.create_topic(
         request.auth,
         body.name,
@@ -257,25 +266,25 @@ def create_topic(request: HttpRequest, body: schemas.TopicIn) -> Status[dict[str
 
 
 @api.get("/topics/{name}", response=schemas.TopicOut, tags=["topics"])
-def get_topic(request: HttpRequest, name: str) -> dict[str, Any]:
+def get_topic(request: AuthedRequest, name: str) -> dict[str, Any]:
     return topic_out(topics.describe_topic(request.auth, name))
 
 
 @api.patch("/topics/{name}", response=schemas.TopicOut, tags=["topics"])
-def alter_topic(request: HttpRequest, name: str, body: schemas.TopicPatch) -> dict[str, Any]:
+def alter_topic(request: AuthedRequest, name: str, body: schemas.TopicPatch) -> dict[str, Any]:
     changes = body.model_dump(exclude_unset=True)
     info = topics.alter_topic(request.auth, name, **changes)
     return topic_out(info)
 
 
 @api.delete("/topics/{name}", response={204: None}, tags=["topics"])
-def delete_topic(request: HttpRequest, name: str) -> Status[None]:
+def delete_topic(request: AuthedRequest, name: str) -> Status[None]:
     topics.delete_topic(request.auth, name)
     return Status(204, None)
 
 
 @api.post("/topics/{name}/messages", response=schemas.ProduceOut, tags=["messages"])
-async def produce(request: HttpRequest, name: str, body: schemas.ProduceIn) -> HttpResponse:
+async def produce(request: AuthedRequest, name: str, body: schemas.ProduceIn) -> HttpResponse:
     messages = body.to_new_messages()
     results = await dbthreads.run(log.append_messages, request.auth, name, messages)
     return json_response(
@@ -292,7 +301,7 @@ async def produce(request: HttpRequest, name: str, body: schemas.ProduceIn) -> H
     "/topics/{name}/partitions/{partition}/messages", response=schemas.FetchOut, tags=["messages"]
 )
 async def fetch(
-    request: HttpRequest,
+    request: AuthedRequest,
     name: str,
     partition: int = Path(..., ge=0, le=INT32_MAX),
     offset: int | None = Query(None, ge=0, le=INT64_MAX),
@@ -314,7 +323,7 @@ async def fetch(
 
 @api.get("/topics/{name}/offsets", response=schemas.OffsetsOut, tags=["messages"])
 def offsets(
-    request: HttpRequest, name: str, timestamp: int | None = Query(None, ge=0, le=INT64_MAX)
+    request: AuthedRequest, name: str, timestamp: int | None = Query(None, ge=0, le=INT64_MAX)
 ) -> dict[str, Any]:
     lookups = log.list_offsets(request.auth, name, timestamp)
     return {
@@ -332,7 +341,7 @@ def offsets(
 
 
 @api.post("/groups/{group}/poll", response=schemas.PollOut, tags=["groups"])
-async def poll(request: HttpRequest, group: str, body: schemas.PollIn) -> HttpResponse:
+async def poll(request: AuthedRequest, group: str, body: schemas.PollIn) -> HttpResponse:
     result = await groups.poll_messages_async(
         request.auth, group, body.topic, body.max_messages, body.auto_commit, body.max_wait_ms
     )
@@ -350,23 +359,23 @@ async def poll(request: HttpRequest, group: str, body: schemas.PollIn) -> HttpRe
 
 
 @api.post("/groups/{group}/commit", response=schemas.GroupTopicOut, tags=["groups"])
-def commit(request: HttpRequest, group: str, body: schemas.CommitIn) -> dict[str, Any]:
+def commit(request: AuthedRequest, group: str, body: schemas.CommitIn) -> dict[str, Any]:
     offsets = {o.partition: o.offset for o in body.offsets}
     return group_topic_out(groups.commit_offsets(request.auth, group, body.topic, offsets))
 
 
 @api.get("/groups", response=list[schemas.GroupOut], tags=["groups"])
-def list_groups(request: HttpRequest) -> list[dict[str, Any]]:
+def list_groups(request: AuthedRequest) -> list[dict[str, Any]]:
     return [group_out(g) for g in groups.list_groups(request.auth)]
 
 
 @api.get("/groups/{group}", response=schemas.GroupOut, tags=["groups"])
-def describe_group(request: HttpRequest, group: str) -> dict[str, Any]:
+def describe_group(request: AuthedRequest, group: str) -> dict[str, Any]:
     return group_out(groups.describe_group(request.auth, group))
 
 
 @api.get("/overview", response=schemas.OverviewOut, tags=["overview"])
-def overview(request: HttpRequest) -> dict[str, Any]:
+def overview(request: AuthedRequest) -> dict[str, Any]:
     result = groups.overview(request.auth)
     return {
         "topics": [topic_out(t) for t in result.topics],

@@ -10,7 +10,7 @@ from broker import api
 
 
 @sync_and_async_middleware
-def api_json_errors(get_response: Callable) -> Callable:  # type: ignore[type-arg]
+def api_json_errors(get_response: Callable) -> Callable:
     """Sync and async, so it adds no thread hop to async views under ASGI."""
     if iscoroutinefunction(get_response):
 

@@ -56,7 +56,10 @@ async def http_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
 application = ProtocolTypeRouter(
     {
         "http": http_app,
-        "websocket": AllowedHostsOriginValidator(URLRouter(routing.websocket_urlpatterns)),
+        # channels-stubs wants its stub-only _ExtendedURLPattern, which path() never returns.
+        "websocket": AllowedHostsOriginValidator(
+            URLRouter(routing.websocket_urlpatterns)  # type: ignore[arg-type]
+        ),
     }
 )
 

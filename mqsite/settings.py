@@ -2,6 +2,7 @@
 
 import os
 from pathlib import Path
+from typing import Any, cast
 
 import dj_database_url
 
@@ -74,7 +75,7 @@ TEMPLATES = [
 ]
 
 
-def database_config() -> dict:
+def database_config() -> dict[str, Any]:
     """PostgreSQL from DATABASE_URL, else SQLite in WAL mode under FERRY_DATA_DIR."""
     url = os.environ.get("DATABASE_URL")
     if url:
@@ -82,7 +83,8 @@ def database_config() -> dict:
         # so a kept connection would leak; the hot paths keep theirs on broker/core/dbthreads.
         config = dj_database_url.parse(url, conn_max_age=0)
         config.setdefault("TEST", {})["NAME"] = os.environ.get("FERRY_TEST_DATABASE_NAME")
-        return config
+        # dj_database_url's DBConfig TypedDict is a plain dict at run time.
+        return cast(dict[str, Any], config)
     synchronous = os.environ.get("FERRY_SQLITE_SYNCHRONOUS", "FULL")
     return {
         "ENGINE": "django.db.backends.sqlite3",

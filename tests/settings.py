@@ -12,7 +12,7 @@ FERRY_BACKGROUND_IN_PROCESS = False
 FERRY_DB_THREADS = 0
 # Every request asks the database, so tests see revocations at once (tests/core/test_keys.py
 # covers the cache).
-FERRY_AUTH_CACHE_SECONDS = 0
+FERRY_AUTH_CACHE_SECONDS: float = 0
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 _default = DATABASES["default"]

@@ -52,7 +52,7 @@ def create_superuser() -> str | None:
             "run `manage.py createsuperuser` to make one."
         )
     password = secrets.token_urlsafe(12)
-    users.create_superuser(ADMIN_NAME, email="", password=password)  # type: ignore[attr-defined]
+    users.create_superuser(ADMIN_NAME, email="", password=password)
     return password
 
 

@@ -51,6 +51,12 @@ class InvalidMessage(InvalidRequest):
     code = "invalid_message"
 
 
+class InvalidFilter(InvalidRequest):
+    """The subscription filter is not valid."""
+
+    code = "invalid_filter"
+
+
 class BatchTooLarge(InvalidRequest):
     """The batch has more messages than the broker accepts in one request."""
 

@@ -7,7 +7,7 @@ the database again, so a lost or duplicated event costs latency, never correctne
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar, cast
 
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
@@ -22,13 +22,27 @@ MESSAGES_APPENDED = "ferry.messages_appended"
 T = TypeVar("T")
 
 
+class _ChannelLayer(Protocol):
+    """What this module uses of a channel layer.
+
+    channels types get_channel_layer() as BaseChannelLayer | None, whose new_channel() takes no
+    prefix; the layers settings configure (in-memory, Redis) all take one, and one is always set.
+    """
+
+    async def new_channel(self, prefix: str = ...) -> str: ...
+    async def receive(self, channel: str) -> dict[str, Any]: ...
+    async def group_add(self, group: str, channel: str) -> None: ...
+    async def group_discard(self, group: str, channel: str) -> None: ...
+    async def group_send(self, group: str, message: dict[str, Any]) -> None: ...
+
+
 def topic_group(topic_id: int) -> str:
     """The layer group that hears about new messages in a topic (ids keep names under 100 chars)."""
     return f"ferry.topic.{topic_id}"
 
 
 def _send(group: str, event: dict[str, Any]) -> None:
-    layer = get_channel_layer()
+    layer = cast(_ChannelLayer, get_channel_layer())
     loop = dbthreads.home_loop()
     try:
         if loop is not None:
@@ -73,7 +87,7 @@ async def long_poll(
     result = await attempt()
     if not is_empty(result) or max_wait_ms <= 0:
         return result
-    layer = get_channel_layer()
+    layer = cast(_ChannelLayer, get_channel_layer())
     loop = asyncio.get_running_loop()
     deadline = loop.time() + max_wait_ms / 1000
     group = topic_group(topic_id_of(result))

@@ -7,6 +7,7 @@ row lock inside the appending transaction, so they are contiguous and never reus
 import functools
 import time
 from collections import Counter
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import orjson
@@ -266,7 +267,7 @@ def _sqlite_insert_sql(row_count: int) -> str:
     return sql.replace("%s", "?")
 
 
-def _insert_rows(rows: list[tuple[object, ...]]) -> None:
+def _insert_rows(rows: Sequence[tuple[object, ...]]) -> None:
     """Insert message rows in bulk, one branch per database. Caller holds the transaction."""
     if connection.vendor == "postgresql":
         with connection.cursor() as cursor, cursor.cursor.copy(COPY_MESSAGES) as copy:

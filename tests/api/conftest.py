@@ -17,7 +17,7 @@ def error_of() -> Callable[[HttpResponse], tuple[int, str]]:
 
     def check(response: HttpResponse) -> tuple[int, str]:
         assert response["Content-Type"].startswith("application/json")
-        body = response.json()
+        body = response.json()  # type: ignore[attr-defined]  # the test client adds json()
         assert set(body) == {"error"}
         error = body["error"]
         assert set(error) == {"code", "message", "detail"}

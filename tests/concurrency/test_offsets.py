@@ -119,7 +119,7 @@ def test_poll_messages__auto_commit_never_delivers_twice(topic_factory):
     log.append_messages(
         keys.CONSOLE, topic.name, [NewMessage(value=b"1", partition=i % 2) for i in range(120)]
     )
-    received = []
+    received: list[tuple[int, ...]] = []
     lock = threading.Lock()
 
     def poller(n):

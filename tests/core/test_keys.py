@@ -57,8 +57,9 @@ def test_cached_principal__remembers_then_forgets(db, console, settings, monkeyp
     assert keys.cached_principal(secret) is None
     principal = keys.authenticate(secret)
     assert keys.cached_principal(secret) == principal
-    now = keys.time.monotonic()
-    monkeypatch.setattr(keys.time, "monotonic", lambda: now + 6)
+    # keys' own `time` import, which strict broker/core does not re-export.
+    now = keys.time.monotonic()  # type: ignore[attr-defined]
+    monkeypatch.setattr(keys.time, "monotonic", lambda: now + 6)  # type: ignore[attr-defined]
     assert keys.cached_principal(secret) is None
 
 
