@@ -17,7 +17,7 @@ logger = logging.getLogger(__name__)
 
 
 class Runner:
-    """A daemon thread that runs each job every interval_seconds, one job at a time."""
+    """A daemon thread that runs its jobs every interval_seconds, one job at a time."""
 
     def __init__(self, jobs: tuple[periodic.Job, ...] = periodic.JOBS) -> None:
         self.jobs = jobs
@@ -50,17 +50,20 @@ class Runner:
             self._stop.wait(max(0.01, min(next_run.values()) - time.monotonic()))
 
 
-_runner: Runner | None = None
-_runner_lock = threading.Lock()
+_runners: list[Runner] = []
+_runners_lock = threading.Lock()
 
 
 def start() -> bool:
-    """Start this process's runner once, when FERRY_BACKGROUND_IN_PROCESS is on."""
-    global _runner
+    """Start this process's runners once, when FERRY_BACKGROUND_IN_PROCESS is on.
+
+    One thread per job: a long retention round must not hold back the scheduler's releases.
+    """
     if not ferry_settings.get("BACKGROUND_IN_PROCESS"):
         return False
-    with _runner_lock:
-        if _runner is None:
-            _runner = Runner()
-            _runner.start()
+    with _runners_lock:
+        if not _runners:
+            _runners.extend(Runner((job,)) for job in periodic.JOBS)
+            for runner in _runners:
+                runner.start()
     return True

@@ -88,6 +88,35 @@ class ProducedId(models.Model):
         return f"{self.topic_id}:{self.client_id}"
 
 
+class ScheduledMessage(models.Model):
+    """A delayed message: durable at once, invisible until due_ms, then appended to its topic."""
+
+    topic = models.ForeignKey(Topic, on_delete=models.CASCADE, related_name="scheduled")
+    due_ms = models.BigIntegerField()
+    # The partition asked for, if any; otherwise it is chosen (key hash, round robin) on release.
+    partition_number = models.PositiveIntegerField(null=True, blank=True)
+    key = models.CharField(max_length=1024, null=True, blank=True)
+    tag = models.CharField(max_length=200, null=True, blank=True)
+    headers = models.JSONField(default=dict, blank=True)
+    value = models.BinaryField()
+    is_json = models.BooleanField(default=True)
+    client_id = models.CharField(max_length=200, null=True, blank=True)
+    created_ms = models.BigIntegerField()
+
+    class Meta:
+        indexes = [models.Index(fields=["due_ms"], name="scheduled_due_idx")]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["topic", "client_id"],
+                condition=models.Q(client_id__isnull=False),
+                name="scheduled_topic_client_id_uniq",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.topic_id}@{self.due_ms}"
+
+
 class ConsumerGroup(models.Model):
     name = models.CharField(max_length=200, unique=True)
     created_at = models.DateTimeField(auto_now_add=True)

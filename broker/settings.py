@@ -16,6 +16,8 @@ class Defaults:
     # Produce.
     MAX_BATCH_MESSAGES: int = 10_000
     DEDUP_WINDOW_SECONDS: int = 24 * 3600
+    # Delayed messages: the longest delay accepted.
+    MAX_DELAY_SECONDS: int = 30 * 24 * 3600
     # Fetch and poll.
     MAX_FETCH_MESSAGES: int = 10_000
     MAX_WAIT_MS: int = 30_000
@@ -27,6 +29,8 @@ class Defaults:
     BACKGROUND_IN_PROCESS: bool = True
     RETENTION_INTERVAL_SECONDS: float = 30.0
     DEDUP_PURGE_INTERVAL_SECONDS: float = 300.0
+    # Due delayed messages are appended within this of their time (docs/semantics.md).
+    SCHEDULER_INTERVAL_SECONDS: float = 0.2
 
 
 _ENV_NAMES = {name: f"FERRY_{name}" for name in Defaults.__dataclass_fields__}

@@ -90,6 +90,13 @@ class PartitionNotFound(BrokerError):
     template = "Topic {topic!r} has no partition {partition}."
 
 
+class ScheduledNotFound(BrokerError):
+    """No scheduled message has that id: it was released, cancelled, or never existed."""
+
+    code = "scheduled_not_found"
+    template = "No scheduled message {id} (released, cancelled, or never scheduled)."
+
+
 class GroupNotFound(BrokerError):
     """No consumer group has that name."""
 

@@ -16,7 +16,7 @@ from django.db.models import Sum
 
 from broker import models
 from broker import settings as ferry_settings
-from broker.core import dbthreads, errors, events, keys, partitioning, topics
+from broker.core import dbthreads, errors, events, keys, partitioning, scheduling, topics
 from broker.core.records import (
     AppendResult,
     FetchResult,
@@ -67,6 +67,8 @@ class _Planned(NamedTuple):
     partition: int
     message: NewMessage
     size_bytes: int
+    # Set for a delayed message: stored in the schedule, appended when due.
+    due_ms: int | None = None
 
 
 def message_size(message: NewMessage) -> int:
@@ -81,12 +83,15 @@ def message_size(message: NewMessage) -> int:
     return size
 
 
-def _plan(topic: models.Topic, messages: list[NewMessage]) -> list[_Planned]:
+def _plan(
+    topic: models.Topic, messages: list[NewMessage], check_size: bool = True
+) -> list[_Planned]:
     """Validate every message and choose its partition, before anything is written."""
     partitions = partitioning.choose_partitions(
         topic.partition_count, topic.id, [(m.partition, m.key) for m in messages]
     )
     count, max_bytes = topic.partition_count, topic.max_message_bytes
+    now = now_ms()
     planned = []
     for index, message in enumerate(messages):
         if message.partition is not None and not 0 <= message.partition < count:
@@ -100,7 +105,7 @@ def _plan(topic: models.Topic, messages: list[NewMessage]) -> list[_Planned]:
             size = len(message.value)
         else:
             size = message_size(message)
-        if size > max_bytes:
+        if check_size and size > max_bytes:
             raise errors.MessageTooLarge(
                 f"Message {index} is {size} bytes; topic {topic.name!r} accepts at most "
                 f"{topic.max_message_bytes}.",
@@ -108,7 +113,8 @@ def _plan(topic: models.Topic, messages: list[NewMessage]) -> list[_Planned]:
                 size_bytes=size,
                 max_message_bytes=topic.max_message_bytes,
             )
-        planned.append(_Planned(partitions[index], message, size))
+        due = scheduling.due_ms(message, now, index) if message.is_delayed else None
+        planned.append(_Planned(partitions[index], message, size, due))
     return planned
 
 
@@ -141,41 +147,62 @@ def append_messages(
 
 
 def _append_planned(topic: models.Topic, plan: list[_Planned]) -> list[AppendResult]:
+    with transaction.atomic(durable=True):
+        return _append_in_transaction(topic, plan)
+
+
+def append_in_transaction(topic: models.Topic, messages: list[NewMessage]) -> list[AppendResult]:
+    """Append due delayed messages as they were accepted: no permission or size check again.
+
+    Caller holds the write transaction (scheduling.release_due).
+    """
+    return _append_in_transaction(topic, _plan(topic, messages, check_size=False))
+
+
+def _append_in_transaction(topic: models.Topic, plan: list[_Planned]) -> list[AppendResult]:
+    """Dedup, schedule delayed messages, store the rest. Caller holds the write transaction."""
     timestamp_ms = now_ms()
     results: list[AppendResult | None] = [None] * len(plan)
-    client_ids = {p.message.client_id for p in plan if p.message.client_id is not None}
-    with transaction.atomic(durable=True):
-        existing = _known_ids(topic.id, client_ids, timestamp_ms) if client_ids else {}
-        first_index: dict[str, int] = {}
-        duplicate_of: dict[int, int] = {}
-        to_store: list[int] = []
-        for index, planned in enumerate(plan):
-            client_id = planned.message.client_id
-            if client_id is not None:
-                if client_id in existing:
-                    partition, offset = existing[client_id]
-                    results[index] = AppendResult(partition, offset, duplicate=True)
-                    continue
-                if client_id in first_index:
-                    duplicate_of[index] = first_index[client_id]
-                    continue
-                first_index[client_id] = index
-            to_store.append(index)
-        if to_store:
-            _store(topic, plan, to_store, results)
-            if first_index:
-                models.ProducedId.objects.bulk_create(
-                    models.ProducedId(
-                        topic_id=topic.id,
-                        client_id=client_id,
-                        partition_number=results[i].partition,  # type: ignore[union-attr]
-                        offset=results[i].offset,  # type: ignore[union-attr]
-                        created_ms=timestamp_ms,
-                    )
-                    # Sorted: concurrent producers insert shared ids in one order, so on
-                    # PostgreSQL they wait on each other instead of deadlocking.
-                    for client_id, i in sorted(first_index.items())
+    client_ids = {
+        p.message.client_id for p in plan if p.message.client_id is not None and p.due_ms is None
+    }
+    existing = known_ids(topic.id, client_ids, timestamp_ms) if client_ids else {}
+    first_index: dict[str, int] = {}
+    duplicate_of: dict[int, int] = {}
+    to_store: list[int] = []
+    delayed: list[tuple[int, NewMessage, int]] = []
+    for index, planned in enumerate(plan):
+        if planned.due_ms is not None:
+            delayed.append((index, planned.message, planned.due_ms))
+            continue
+        client_id = planned.message.client_id
+        if client_id is not None:
+            if client_id in existing:
+                partition, offset = existing[client_id]
+                results[index] = AppendResult(partition, offset, duplicate=True)
+                continue
+            if client_id in first_index:
+                duplicate_of[index] = first_index[client_id]
+                continue
+            first_index[client_id] = index
+        to_store.append(index)
+    if to_store:
+        placed = _store(topic, plan, to_store, results)
+        if first_index:
+            models.ProducedId.objects.bulk_create(
+                models.ProducedId(
+                    topic_id=topic.id,
+                    client_id=client_id,
+                    partition_number=placed[i][0],
+                    offset=placed[i][1],
+                    created_ms=timestamp_ms,
                 )
+                # Sorted: concurrent producers insert shared ids in one order, so on
+                # PostgreSQL they wait on each other instead of deadlocking.
+                for client_id, i in sorted(first_index.items())
+            )
+    if delayed:
+        scheduling.schedule_in_transaction(topic, delayed, results, timestamp_ms)
     for index, first in duplicate_of.items():
         original = results[first]
         if original is not None:
@@ -183,9 +210,7 @@ def _append_planned(topic: models.Topic, plan: list[_Planned]) -> list[AppendRes
     return [r for r in results if r is not None]
 
 
-def _known_ids(
-    topic_id: int, client_ids: set[str], timestamp_ms: int
-) -> dict[str, tuple[int, int]]:
+def known_ids(topic_id: int, client_ids: set[str], timestamp_ms: int) -> dict[str, tuple[int, int]]:
     """Client ids already stored within the dedup window. Caller holds the write transaction."""
     cutoff_ms = timestamp_ms - ferry_settings.get("DEDUP_WINDOW_SECONDS") * 1000
     rows = models.ProducedId.objects.filter(topic_id=topic_id, client_id__in=client_ids)
@@ -199,8 +224,8 @@ def _store(
     plan: list[_Planned],
     to_store: list[int],
     results: list[AppendResult | None],
-) -> None:
-    """Assign offsets and insert. Caller holds the write transaction."""
+) -> dict[int, tuple[int, int]]:
+    """Assign offsets and insert; returns index -> (partition, offset). Caller holds the lock."""
     numbers = sorted({plan[i].partition for i in to_store})
     # Partition row locks, in number order: serialize offset assignment per partition.
     locked = models.Partition.objects.select_for_update().filter(
@@ -228,8 +253,9 @@ def _store(
     partition_id = {n: p.id for n, p in partitions.items()}
     added_bytes = dict.fromkeys(partitions, 0)
     rows = []
+    placed: dict[int, tuple[int, int]] = {}
     for index in to_store:
-        number, message, size = plan[index]
+        number, message, size, _ = plan[index]
         offset = next_offset[number]
         next_offset[number] = offset + 1
         added_bytes[number] += size
@@ -249,6 +275,7 @@ def _store(
             )
         )
         results[index] = AppendResult(number, offset, False)
+        placed[index] = (number, offset)
     _insert_rows(rows)
     for number, p in partitions.items():
         p.next_offset = next_offset[number]
@@ -258,6 +285,7 @@ def _store(
             _truncate(p, p.next_offset - topic.capacity)
         p.save(update_fields=["next_offset", "start_offset", "bytes_stored"])
     events.messages_appended(topic.id, {p.number: p.next_offset for p in partitions.values()})
+    return placed
 
 
 @functools.cache

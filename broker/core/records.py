@@ -74,12 +74,43 @@ class NewMessage(NamedTuple):
     headers: dict[str, str] = {}  # shared default: the core never mutates headers
     partition: int | None = None
     client_id: str | None = None
+    # At most one of these makes the message delayed (docs/semantics.md#delayed-messages).
+    delay_ms: int | None = None
+    deliver_at_ms: int | None = None
+    delay_level: int | None = None
+
+    @property
+    def is_delayed(self) -> bool:
+        return (
+            self.delay_ms is not None
+            or self.deliver_at_ms is not None
+            or self.delay_level is not None
+        )
 
 
 class AppendResult(NamedTuple):
-    partition: int
-    offset: int
+    """Where a message went: a partition and offset, or (delayed) a scheduled id and due time."""
+
+    partition: int | None
+    offset: int | None
     duplicate: bool
+    scheduled_id: int | None = None
+    deliver_at_ms: int | None = None
+
+
+@dataclass(frozen=True)
+class ScheduledInfo:
+    id: int
+    topic: str
+    deliver_at_ms: int
+    partition: int | None
+    key: str | None
+    tag: str | None
+    headers: dict[str, str]
+    value: bytes
+    is_json: bool
+    client_id: str | None
+    created_ms: int
 
 
 class StoredMessage(NamedTuple):

@@ -1,0 +1,256 @@
+"""Delayed messages: schedule, list, cancel, and release_due (docs/semantics.md#delayed-messages).
+
+A delayed message is stored at once (durable) but invisible: it is appended to its topic, and
+gets its partition and offset, only when due. release_due claims due rows with SKIP LOCKED and
+deletes them in the transaction that appends them, so several schedulers release each message
+exactly once, also across a restart.
+"""
+
+import logging
+from collections import defaultdict
+
+from django.db import transaction
+
+from broker import models
+from broker import settings as ferry_settings
+from broker.core import errors, keys, log, topics
+from broker.core.records import AppendResult, NewMessage, Principal, ScheduledInfo
+
+logger = logging.getLogger(__name__)
+
+# RocketMQ's delay levels 1..18 (messageDelayLevel): 1s 5s 10s 30s 1m 2m 3m … 10m 20m 30m 1h 2h.
+LEVELS_MS = tuple(
+    seconds * 1000
+    for seconds in (
+        1,
+        5,
+        10,
+        30,
+        60,
+        120,
+        180,
+        240,
+        300,
+        360,
+        420,
+        480,
+        540,
+        600,
+        1200,
+        1800,
+        3600,
+        7200,
+    )
+)
+# A topic that refuses a due message (capacity full) gets it again this much later, so the
+# rows behind it keep flowing.
+RETRY_FULL_MS = 1000
+
+
+def due_ms(message: NewMessage, now_ms: int, index: int = 0) -> int:
+    """When a delayed message becomes visible; InvalidMessage for a bad or too long delay."""
+    given = [
+        name
+        for name, value in (
+            ("delay_ms", message.delay_ms),
+            ("deliver_at_ms", message.deliver_at_ms),
+            ("level", message.delay_level),
+        )
+        if value is not None
+    ]
+    if len(given) > 1:
+        raise errors.InvalidMessage(
+            f"Message {index}: give at most one of delay_ms, deliver_at_ms and level.",
+            index=index,
+            given=given,
+        )
+    if message.delay_level is not None:
+        if not 1 <= message.delay_level <= len(LEVELS_MS):
+            raise errors.InvalidMessage(
+                f"Message {index}: level is 1 to {len(LEVELS_MS)}.", index=index
+            )
+        due = now_ms + LEVELS_MS[message.delay_level - 1]
+    elif message.delay_ms is not None:
+        if message.delay_ms < 0:
+            raise errors.InvalidMessage(f"Message {index}: delay_ms is negative.", index=index)
+        due = now_ms + message.delay_ms
+    else:
+        due = message.deliver_at_ms or 0
+    limit_ms = ferry_settings.get("MAX_DELAY_SECONDS") * 1000
+    if due - now_ms > limit_ms:
+        raise errors.InvalidMessage(
+            f"Message {index}: delays are at most {limit_ms // 1000} s.",
+            index=index,
+            max_delay_seconds=limit_ms // 1000,
+        )
+    return due
+
+
+def schedule_in_transaction(
+    topic: models.Topic,
+    delayed: list[tuple[int, NewMessage, int]],
+    results: list[AppendResult | None],
+    now_ms: int,
+) -> None:
+    """Store (index, message, due_ms) entries; fill results. Caller holds the write transaction.
+
+    A client id seen before answers duplicate: still scheduled (its scheduled id), or already
+    released within the dedup window (its partition and offset).
+    """
+    ids = {m.client_id for _, m, _ in delayed if m.client_id is not None}
+    pending = {
+        row.client_id: row
+        for row in models.ScheduledMessage.objects.filter(topic_id=topic.id, client_id__in=ids)
+    }
+    released = log.known_ids(topic.id, ids, now_ms) if ids else {}
+    seen: dict[str, int] = {}
+    rows: list[tuple[int, models.ScheduledMessage]] = []
+    for index, message, due in delayed:
+        client_id = message.client_id
+        if client_id is not None:
+            if client_id in pending:
+                row = pending[client_id]
+                results[index] = AppendResult(None, None, True, row.id, row.due_ms)
+                continue
+            if client_id in released:
+                partition, offset = released[client_id]
+                results[index] = AppendResult(partition, offset, True)
+                continue
+            if client_id in seen:
+                results[index] = AppendResult(None, None, True, None, None)
+                continue
+            seen[client_id] = index
+        rows.append(
+            (
+                index,
+                models.ScheduledMessage(
+                    topic_id=topic.id,
+                    due_ms=due,
+                    partition_number=message.partition,
+                    key=message.key,
+                    tag=message.tag,
+                    headers=message.headers,
+                    value=message.value,
+                    is_json=message.is_json,
+                    client_id=client_id,
+                    created_ms=now_ms,
+                ),
+            )
+        )
+    created = models.ScheduledMessage.objects.bulk_create([row for _, row in rows])
+    for (index, _), row in zip(rows, created, strict=True):
+        results[index] = AppendResult(None, None, False, row.id, row.due_ms)
+    # A repeated id inside the batch points at the first one's schedule.
+    for index, message, _ in delayed:
+        first = seen.get(message.client_id or "")
+        if first is not None and first != index and message.client_id is not None:
+            original = results[first]
+            if original is not None:
+                results[index] = original._replace(duplicate=True)
+
+
+def _info(row: models.ScheduledMessage, topic_name: str) -> ScheduledInfo:
+    return ScheduledInfo(
+        id=row.id,
+        topic=topic_name,
+        deliver_at_ms=row.due_ms,
+        partition=row.partition_number,
+        key=row.key,
+        tag=row.tag,
+        headers=row.headers,
+        value=bytes(row.value),
+        is_json=row.is_json,
+        client_id=row.client_id,
+        created_ms=row.created_ms,
+    )
+
+
+def list_scheduled(
+    principal: Principal, topic_name: str, limit: int = 100, after_id: int | None = None
+) -> list[ScheduledInfo]:
+    """A topic's scheduled messages, soonest first (then by id); page with after_id."""
+    topic = topics.get_topic(principal, topic_name, "consume")
+    max_limit = ferry_settings.get("MAX_FETCH_MESSAGES")
+    if not 1 <= limit <= max_limit:
+        raise errors.InvalidRequest(f"limit must be between 1 and {max_limit}.", limit=limit)
+    rows = models.ScheduledMessage.objects.filter(topic_id=topic.id).order_by("due_ms", "id")
+    if after_id is not None:
+        after = models.ScheduledMessage.objects.filter(id=after_id, topic_id=topic.id).first()
+        if after is not None:
+            rows = rows.filter(due_ms__gte=after.due_ms).exclude(
+                due_ms=after.due_ms, id__lte=after.id
+            )
+    return [_info(row, topic.name) for row in rows[:limit]]
+
+
+def cancel_scheduled(principal: Principal, scheduled_id: int) -> ScheduledInfo:
+    """Cancel a message that is not due yet; ScheduledNotFound once released or cancelled."""
+    with transaction.atomic(durable=True):
+        row = (
+            models.ScheduledMessage.objects.select_related("topic")
+            # Message lock (SKIP LOCKED): a row being released right now counts as gone.
+            .select_for_update(skip_locked=True, of=("self",))
+            .filter(id=scheduled_id)
+            .first()
+        )
+        if row is None:
+            raise errors.ScheduledNotFound(id=scheduled_id)
+        keys.require(principal, row.topic.name, "produce")
+        info = _info(row, row.topic.name)
+        row.delete()
+    return info
+
+
+def release_due(batch_size: int = 1000) -> int:
+    """Append every due message to its topic, batch by batch; returns how many were released."""
+    released = 0
+    while True:
+        count, more = _release_batch(batch_size)
+        released += count
+        if not more:
+            return released
+
+
+def _release_batch(batch_size: int) -> tuple[int, bool]:
+    now = log.now_ms()
+    with transaction.atomic(durable=True):
+        # Message locks, taken before any partition lock: nothing that holds a partition lock
+        # waits for a scheduled row, so this order cannot deadlock (docs/architecture.md#locks).
+        # SKIP LOCKED: concurrent schedulers take disjoint rows.
+        due = list(
+            models.ScheduledMessage.objects.select_for_update(skip_locked=True)
+            .filter(due_ms__lte=now)
+            .order_by("due_ms", "id")[:batch_size]
+        )
+        by_topic: dict[int, list[models.ScheduledMessage]] = defaultdict(list)
+        for row in due:
+            by_topic[row.topic_id].append(row)
+        released = 0
+        for topic in models.Topic.objects.filter(id__in=by_topic).order_by("id"):
+            rows = by_topic[topic.id]
+            messages = [
+                NewMessage(
+                    bytes(r.value),
+                    r.is_json,
+                    r.key,
+                    r.tag,
+                    r.headers,
+                    r.partition_number,
+                    r.client_id,
+                )
+                for r in rows
+            ]
+            try:
+                with transaction.atomic():  # savepoint: one full topic must not stop the rest
+                    log.append_in_transaction(topic, messages)
+            except errors.TopicFull:
+                logger.warning(
+                    "topic %s is full; its due messages wait %d ms", topic.name, RETRY_FULL_MS
+                )
+                models.ScheduledMessage.objects.filter(id__in=[r.id for r in rows]).update(
+                    due_ms=now + RETRY_FULL_MS
+                )
+                continue
+            models.ScheduledMessage.objects.filter(id__in=[r.id for r in rows]).delete()
+            released += len(rows)
+    return released, len(due) == batch_size
