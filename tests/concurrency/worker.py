@@ -2,6 +2,7 @@
 
 Usage: python -m tests.concurrency.worker produce TOPIC BATCHES BATCH_SIZE [ID_PREFIX]
        python -m tests.concurrency.worker poll TOPIC GROUP ROUNDS
+       python -m tests.concurrency.worker release BATCH_SIZE ROUNDS
 Prints one JSON document with what it stored or received.
 """
 
@@ -14,7 +15,7 @@ import orjson
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
 django.setup()
 
-from broker.core import groups, keys, log  # noqa: E402
+from broker.core import groups, keys, log, scheduling  # noqa: E402
 from broker.core.records import NewMessage  # noqa: E402
 
 
@@ -43,10 +44,17 @@ def poll(topic: str, group: str, rounds: int) -> list:
     return got
 
 
+def release(batch_size: int, rounds: int) -> list:
+    """Run the scheduler's release rounds; returns how many each round released."""
+    return [scheduling.release_due(batch_size) for _ in range(rounds)]
+
+
 if __name__ == "__main__":
     command, *args = sys.argv[1:]
     if command == "produce":
         out = produce(args[0], int(args[1]), int(args[2]), *(args[3:4]))
+    elif command == "release":
+        out = release(int(args[0]), int(args[1]))
     else:
         out = poll(args[0], args[1], int(args[2]))
     sys.stdout.write(orjson.dumps(out).decode())
