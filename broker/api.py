@@ -16,11 +16,12 @@ from ninja.renderers import BaseRenderer
 from ninja.security import HttpBearer
 
 from broker import schemas
-from broker.core import dbthreads, errors, groups, keys, log, topics
+from broker.core import dbthreads, errors, groups, keys, log, scheduling, topics
 from broker.core.records import (
     GroupInfo,
     GroupTopicOffsets,
     Principal,
+    ScheduledInfo,
     StoredMessage,
     TopicInfo,
 )
@@ -37,6 +38,7 @@ STATUS_BY_CODE = {
     "partition_not_found": 404,
     "group_not_found": 404,
     "api_key_not_found": 404,
+    "scheduled_not_found": 404,
     "topic_exists": 409,
     "api_key_exists": 409,
     "topic_full": 409,
@@ -233,6 +235,25 @@ def message_out(m: StoredMessage) -> dict[str, Any]:
     return out
 
 
+def scheduled_out(info: ScheduledInfo) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "id": info.id,
+        "topic": info.topic,
+        "deliver_at_ms": info.deliver_at_ms,
+        "partition": info.partition,
+        "key": info.key,
+        "tag": info.tag,
+        "headers": info.headers,
+        # "id" is the scheduled id here; the client's message id goes by another name.
+        "message_id": info.client_id,
+    }
+    if info.is_json:
+        out["value"] = orjson.Fragment(info.value)
+    else:
+        out["value_b64"] = base64.b64encode(info.value).decode()
+    return out
+
+
 def json_response(body: dict[str, Any], status: int = 200) -> HttpResponse:
     """Render directly, bypassing response validation, for the bulk message paths."""
     return HttpResponse(orjson.dumps(body), status=status, content_type="application/json")
@@ -291,6 +312,13 @@ async def produce(request: AuthedRequest, name: str, body: schemas.ProduceIn) ->
         {
             "results": [
                 {"partition": r.partition, "offset": r.offset, "duplicate": r.duplicate}
+                if r.partition is not None
+                # Delayed: the partition and offset come when it is released.
+                else {
+                    "scheduled_id": r.scheduled_id,
+                    "deliver_at_ms": r.deliver_at_ms,
+                    "duplicate": r.duplicate,
+                }
                 for r in results
             ]
         }
@@ -338,6 +366,29 @@ def offsets(
             for o in lookups
         ],
     }
+
+
+@api.get("/topics/{name}/scheduled", response=schemas.ScheduledPageOut, tags=["scheduled"])
+def list_scheduled(
+    request: AuthedRequest,
+    name: str,
+    limit: int = Query(100, ge=0, le=INT32_MAX),
+    after: int | None = Query(None, ge=0, le=INT64_MAX),
+) -> HttpResponse:
+    found = scheduling.list_scheduled(request.auth, name, limit, after)
+    return json_response(
+        {
+            "scheduled": [scheduled_out(s) for s in found],
+            "next_after": found[-1].id if found else None,
+        }
+    )
+
+
+@api.delete("/scheduled/{scheduled_id}", response=schemas.ScheduledOut, tags=["scheduled"])
+def cancel_scheduled(
+    request: AuthedRequest, scheduled_id: int = Path(..., ge=0, le=INT64_MAX)
+) -> HttpResponse:
+    return json_response(scheduled_out(scheduling.cancel_scheduled(request.auth, scheduled_id)))
 
 
 @api.post("/groups/{group}/poll", response=schemas.PollOut, tags=["groups"])

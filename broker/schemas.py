@@ -81,8 +81,16 @@ class TopicOut(Schema):
     partition_offsets: list[PartitionOut]
 
 
+# A 64-bit integer, what the database column holds: a past deliver_at_ms is stored as given, so
+# a wider one would overflow there. The ranges that mean something are the core's to check.
+Int64 = Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]
+
+
 class MessageIn(TypedDict):
-    """One message: exactly one of value (any JSON) or value_b64 (raw bytes, base64)."""
+    """One message: exactly one of value (any JSON) or value_b64 (raw bytes, base64).
+
+    At most one of delay_ms, deliver_at_ms and level makes it a delayed message (docs/api.md).
+    """
 
     # A TypedDict, not a model: validating a thousand plain dicts costs a fifth of building a
     # thousand model instances, on the produce hot path (docs/benchmarks.md).
@@ -95,6 +103,9 @@ class MessageIn(TypedDict):
     headers: NotRequired[dict[str, str]]
     partition: NotRequired[int | None]
     id: NotRequired[Annotated[str, StringConstraints(min_length=1, max_length=200)] | None]
+    delay_ms: NotRequired[Int64 | None]
+    deliver_at_ms: NotRequired[Int64 | None]
+    level: NotRequired[Int64 | None]
 
 
 class ProduceIn(BaseModel):
@@ -127,6 +138,9 @@ class ProduceIn(BaseModel):
                     m.get("headers") or {},
                     m.get("partition"),
                     m.get("id"),
+                    m.get("delay_ms"),
+                    m.get("deliver_at_ms"),
+                    m.get("level"),
                 )
             )
         self._new_messages = converted
@@ -137,9 +151,16 @@ class ProduceIn(BaseModel):
 
 
 class AppendOut(Schema):
-    partition: int
-    offset: int
+    """A stored message has partition and offset; a delayed one scheduled_id and deliver_at_ms.
+
+    A delayed message whose id was already released answers its partition and offset.
+    """
+
+    partition: int | None = None
+    offset: int | None = None
     duplicate: bool
+    scheduled_id: int | None = None
+    deliver_at_ms: int | None = None
 
 
 class ProduceOut(Schema):
@@ -158,6 +179,26 @@ class MessageOut(Schema):
     value: Any = None
     value_b64: str | None = None
     id: str | None = None
+
+
+class ScheduledOut(Schema):
+    """A delayed message not released yet: id is the scheduled id, message_id the client's id."""
+
+    id: int
+    topic: str
+    deliver_at_ms: int
+    partition: int | None
+    key: str | None
+    tag: str | None
+    headers: dict[str, str]
+    value: Any = None
+    value_b64: str | None = None
+    message_id: str | None = None
+
+
+class ScheduledPageOut(Schema):
+    scheduled: list[ScheduledOut]
+    next_after: int | None = Field(description="The last id on this page: pass it as after.")
 
 
 class FetchOut(Schema):

@@ -34,6 +34,20 @@ def add_parser(nouns: "argparse._SubParsersAction[Any]") -> None:
     parser.add_argument(
         "--header", action="append", default=[], metavar="NAME=VALUE", help="Repeatable."
     )
+    delay = parser.add_mutually_exclusive_group()
+    delay.add_argument(
+        "--delay-ms", type=int, metavar="MS", help="Deliver every message this much later."
+    )
+    delay.add_argument(
+        "--level",
+        dest="delay_level",
+        type=int,
+        metavar="N",
+        help="RocketMQ delay level 1..18 (1s 5s 10s 30s 1m … 2h).",
+    )
+    delay.add_argument(
+        "--deliver-at-ms", type=int, metavar="T", help="Deliver at this time (ms since epoch)."
+    )
     parser.add_argument(
         "--batch-size",
         type=arguments.positive_int,
@@ -46,12 +60,13 @@ def add_parser(nouns: "argparse._SubParsersAction[Any]") -> None:
 
 def handle(command: BaseCommand, options: dict[str, Any]) -> None:
     topic = options["topic"]
-    produced = duplicates = 0
+    produced = scheduled = duplicates = 0
     try:
         with open_lines(options["file"]) as lines:
             for batch in batches(lines, options):
                 results = log.append_messages(keys.CONSOLE, topic, batch)
                 produced += len(results)
+                scheduled += sum(r.scheduled_id is not None for r in results)
                 duplicates += sum(r.duplicate for r in results)
     except errors.BrokerError:
         if produced:
@@ -61,8 +76,13 @@ def handle(command: BaseCommand, options: dict[str, Any]) -> None:
             )
         raise
     summary = f"produced {produced} message{'' if produced == 1 else 's'} to {topic}"
+    notes = []
+    if scheduled:
+        notes.append(f"{scheduled} scheduled")
     if duplicates:
-        summary += f" ({duplicates} duplicates)"
+        notes.append(f"{duplicates} duplicates")
+    if notes:
+        summary += f" ({', '.join(notes)})"
     command.stdout.write(summary)
 
 
@@ -82,6 +102,9 @@ def batches(lines: Iterator[str], options: dict[str, Any]) -> Iterator[list[reco
                 tag=options["tag"],
                 headers=headers,
                 partition=options["partition"],
+                delay_ms=options["delay_ms"],
+                deliver_at_ms=options["deliver_at_ms"],
+                delay_level=options["delay_level"],
             )
         )
         if len(batch) == options["batch_size"]:

@@ -76,6 +76,11 @@ def due_ms(message: NewMessage, now_ms: int, index: int = 0) -> int:
         due = now_ms + message.delay_ms
     else:
         due = message.deliver_at_ms or 0
+        if due < 0:
+            raise errors.InvalidMessage(
+                f"Message {index}: deliver_at_ms is milliseconds since 1970, not negative.",
+                index=index,
+            )
     limit_ms = ferry_settings.get("MAX_DELAY_SECONDS") * 1000
     if due - now_ms > limit_ms:
         raise errors.InvalidMessage(

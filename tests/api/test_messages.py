@@ -259,10 +259,10 @@ def test_offsets__unknown_topic(api_client, error_of):
 
 def test_produce__unknown_message_field_rejected(api_client, topic_factory, end_offsets):
     topic_factory("orders")
-    body = {"messages": [{"value": 1, "delay_ms": 5000}]}
+    body = {"messages": [{"value": 1, "delay": 5000}]}
 
     response = api_client.post("/api/v1/topics/orders/messages", body, content_type=JSON)
 
     assert response.status_code == 422
-    assert response.json()["error"]["detail"]["errors"][0]["loc"] == ["messages", 0, "delay_ms"]
+    assert response.json()["error"]["detail"]["errors"][0]["loc"] == ["messages", 0, "delay"]
     assert end_offsets("orders") == [0]

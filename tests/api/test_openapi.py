@@ -7,6 +7,8 @@ ENDPOINTS = {
     "/api/v1/topics/{name}/messages": {"post"},
     "/api/v1/topics/{name}/partitions/{partition}/messages": {"get"},
     "/api/v1/topics/{name}/offsets": {"get"},
+    "/api/v1/topics/{name}/scheduled": {"get"},
+    "/api/v1/scheduled/{scheduled_id}": {"delete"},
     "/api/v1/groups": {"get"},
     "/api/v1/groups/{group}": {"get"},
     "/api/v1/groups/{group}/poll": {"post"},

@@ -7,7 +7,7 @@ import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from broker.core import keys, log
+from broker.core import keys, log, scheduling
 
 
 def stored(topic, partition=0):
@@ -156,3 +156,44 @@ def test_handle__message_too_large(ferry, topic_factory, stdin):
     stdin("a much longer line than eight bytes\n")
     with pytest.raises(CommandError, match=r"^message_too_large: "):
         ferry("produce", "orders")
+
+
+def test_handle__delay_ms_schedules_every_line(ferry, topic_factory, stdin):
+    topic_factory("orders")
+    stdin("a\nb\n")
+    before = log.now_ms()
+    out = ferry("produce", "orders", "--delay-ms=60000")
+    assert out == "produced 2 messages to orders (2 scheduled)\n"
+    assert stored("orders") == ()
+    found = scheduling.list_scheduled(keys.CONSOLE, "orders")
+    assert [orjson.loads(s.value) for s in found] == ["a", "b"]
+    assert all(before + 60_000 <= s.deliver_at_ms <= log.now_ms() + 60_000 for s in found)
+
+
+def test_handle__level_and_deliver_at_ms(ferry, topic_factory, stdin):
+    topic_factory("orders")
+    before = log.now_ms()
+    stdin("a\n")
+    ferry("produce", "orders", "--level=18")
+    stdin("b\n")
+    ferry("produce", "orders", f"--deliver-at-ms={before + 60_000}")
+    due = {
+        orjson.loads(s.value): s.deliver_at_ms
+        for s in scheduling.list_scheduled(keys.CONSOLE, "orders")
+    }
+    assert before + 7_200_000 <= due["a"] <= log.now_ms() + 7_200_000  # level 18 is 2 h
+    assert due["b"] == before + 60_000
+
+
+def test_handle__bad_level(ferry, topic_factory, stdin):
+    topic_factory("orders")
+    stdin("a\n")
+    with pytest.raises(CommandError, match=r"^invalid_message: Message 0: level is 1 to 18"):
+        ferry("produce", "orders", "--level=19")
+    assert scheduling.list_scheduled(keys.CONSOLE, "orders") == []
+
+
+def test_handle__two_delay_flags(ferry, topic_factory):
+    topic_factory("orders")
+    with pytest.raises(CommandError, match="not allowed with argument"):
+        ferry("produce", "orders", "--delay-ms=1000", "--level=1")

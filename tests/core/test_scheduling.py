@@ -74,6 +74,7 @@ def test_append_messages__mixed_batch_keeps_order(topic_factory, console):
         ({"delay_ms": 1, "delay_level": 1}, False),
         ({"delay_ms": 10**13}, False),
         ({"deliver_at_ms": 1}, True),  # in the past: due at once
+        ({"deliver_at_ms": -1}, False),
     ],
 )
 def test_append_messages__delay_validation(topic_factory, console, fields, ok):
