@@ -1,6 +1,5 @@
 """The REST API under /api/v1/: authenticate, parse, one core call, render (docs/api.md)."""
 
-import base64
 import json
 from typing import Any
 
@@ -15,14 +14,12 @@ from ninja.parser import Parser
 from ninja.renderers import BaseRenderer
 from ninja.security import HttpBearer
 
-from broker import schemas
+from broker import schemas, wire
 from broker.core import dbthreads, errors, groups, keys, log, scheduling, topics
 from broker.core.records import (
     GroupInfo,
     GroupTopicOffsets,
     Principal,
-    ScheduledInfo,
-    StoredMessage,
     TopicInfo,
 )
 
@@ -214,46 +211,6 @@ def group_out(info: GroupInfo) -> dict[str, Any]:
     }
 
 
-EMPTY_HEADERS = orjson.Fragment("{}")
-
-
-def message_out(m: StoredMessage) -> dict[str, Any]:
-    out: dict[str, Any] = {
-        "partition": m.partition,
-        "offset": m.offset,
-        "timestamp_ms": m.timestamp_ms,
-        "key": m.key,
-        "tag": m.tag,
-        "headers": EMPTY_HEADERS if m.headers_json == "{}" else orjson.Fragment(m.headers_json),
-        "id": m.client_id,
-    }
-    if m.is_json:
-        # Stored JSON text goes out as is: no parse and re-serialize on the fetch hot path.
-        out["value"] = orjson.Fragment(m.value)
-    else:
-        out["value_b64"] = base64.b64encode(m.value).decode()
-    return out
-
-
-def scheduled_out(info: ScheduledInfo) -> dict[str, Any]:
-    out: dict[str, Any] = {
-        "id": info.id,
-        "topic": info.topic,
-        "deliver_at_ms": info.deliver_at_ms,
-        "partition": info.partition,
-        "key": info.key,
-        "tag": info.tag,
-        "headers": info.headers,
-        # "id" is the scheduled id here; the client's message id goes by another name.
-        "message_id": info.client_id,
-    }
-    if info.is_json:
-        out["value"] = orjson.Fragment(info.value)
-    else:
-        out["value_b64"] = base64.b64encode(info.value).decode()
-    return out
-
-
 def json_response(body: dict[str, Any], status: int = 200) -> HttpResponse:
     """Render directly, bypassing response validation, for the bulk message paths."""
     return HttpResponse(orjson.dumps(body), status=status, content_type="application/json")
@@ -341,7 +298,7 @@ async def fetch(
     )
     return json_response(
         {
-            "messages": [message_out(m) for m in result.messages],
+            "messages": [wire.message_out(m) for m in result.messages],
             "next_offset": result.next_offset,
             "start_offset": result.start_offset,
             "end_offset": result.end_offset,
@@ -378,7 +335,7 @@ def list_scheduled(
     found = scheduling.list_scheduled(request.auth, name, limit, after)
     return json_response(
         {
-            "scheduled": [scheduled_out(s) for s in found],
+            "scheduled": [wire.scheduled_out(s) for s in found],
             "next_after": found[-1].id if found else None,
         }
     )
@@ -388,7 +345,9 @@ def list_scheduled(
 def cancel_scheduled(
     request: AuthedRequest, scheduled_id: int = Path(..., ge=0, le=INT64_MAX)
 ) -> HttpResponse:
-    return json_response(scheduled_out(scheduling.cancel_scheduled(request.auth, scheduled_id)))
+    return json_response(
+        wire.scheduled_out(scheduling.cancel_scheduled(request.auth, scheduled_id))
+    )
 
 
 @api.post("/groups/{group}/poll", response=schemas.PollOut, tags=["groups"])
@@ -400,7 +359,7 @@ async def poll(request: AuthedRequest, group: str, body: schemas.PollIn) -> Http
         {
             "group": result.group,
             "topic": result.topic,
-            "messages": [message_out(m) for m in result.messages],
+            "messages": [wire.message_out(m) for m in result.messages],
             "next_offsets": [
                 {"partition": p, "offset": o} for p, o in sorted(result.next_offsets.items())
             ],

@@ -1,7 +1,6 @@
 """Console noun `consume`: poll as a consumer group, one JSON line per message (docs/console.md)."""
 
 import argparse
-import base64
 import contextlib
 from typing import Any
 
@@ -9,6 +8,7 @@ import orjson
 from asgiref.sync import async_to_sync
 from django.core.management.base import BaseCommand
 
+from broker import wire
 from broker.cli import arguments
 from broker.core import groups, keys, records
 
@@ -80,21 +80,5 @@ def poll_size(options: dict[str, Any], printed: int) -> int:
 
 def write(command: BaseCommand, result: records.PollResult) -> None:
     for message in result.messages:
-        command.stdout.write(orjson.dumps(as_json(message)).decode())
+        command.stdout.write(orjson.dumps(wire.message_out(message)).decode())
     command.stdout.flush()
-
-
-def as_json(message: records.StoredMessage) -> dict[str, Any]:
-    out: dict[str, Any] = {
-        "partition": message.partition,
-        "offset": message.offset,
-        "timestamp_ms": message.timestamp_ms,
-        "key": message.key,
-        "tag": message.tag,
-        "headers": message.headers,
-    }
-    if message.is_json:
-        out["value"] = orjson.loads(message.value)
-    else:
-        out["value_b64"] = base64.b64encode(message.value).decode()
-    return out

@@ -26,7 +26,17 @@ def test_handle__json_lines_and_commit(ferry, topic_factory):
         [records.NewMessage(b'{"id": 1}', key="k", tag="t", headers={"h": "v"})],
     )
     [message] = lines(ferry("consume", "orders", "--group=billing"))
-    assert set(message) == {"partition", "offset", "timestamp_ms", "key", "tag", "headers", "value"}
+    # The same message shape as the REST API (broker/wire.py), the client's id included.
+    assert set(message) == {
+        "partition",
+        "offset",
+        "timestamp_ms",
+        "key",
+        "tag",
+        "headers",
+        "id",
+        "value",
+    }
     assert (message["partition"], message["offset"]) == (0, 0)
     assert (message["key"], message["tag"], message["headers"]) == ("k", "t", {"h": "v"})
     assert message["value"] == {"id": 1}

@@ -1,0 +1,49 @@
+"""JSON shapes of messages that every edge sends: REST responses, console lines, WebSocket frames.
+
+Stored JSON values and headers go out as orjson fragments: spliced in as stored, never parsed
+and re-serialised on the fetch hot path (docs/benchmarks.md).
+"""
+
+import base64
+from typing import Any
+
+import orjson
+
+from broker.core.records import ScheduledInfo, StoredMessage
+
+EMPTY_HEADERS = orjson.Fragment("{}")
+
+
+def value_fields(value: bytes, is_json: bool) -> dict[str, Any]:
+    """{"value": <the JSON>} for a JSON message, {"value_b64": "..."} for raw bytes."""
+    if is_json:
+        return {"value": orjson.Fragment(value)}
+    return {"value_b64": base64.b64encode(value).decode()}
+
+
+def message_out(m: StoredMessage) -> dict[str, Any]:
+    return {
+        "partition": m.partition,
+        "offset": m.offset,
+        "timestamp_ms": m.timestamp_ms,
+        "key": m.key,
+        "tag": m.tag,
+        "headers": EMPTY_HEADERS if m.headers_json == "{}" else orjson.Fragment(m.headers_json),
+        "id": m.client_id,
+        **value_fields(m.value, m.is_json),
+    }
+
+
+def scheduled_out(info: ScheduledInfo) -> dict[str, Any]:
+    return {
+        "id": info.id,
+        "topic": info.topic,
+        "deliver_at_ms": info.deliver_at_ms,
+        "partition": info.partition,
+        "key": info.key,
+        "tag": info.tag,
+        "headers": info.headers,
+        # "id" is the scheduled id here; the client's message id goes by another name.
+        "message_id": info.client_id,
+        **value_fields(info.value, info.is_json),
+    }
