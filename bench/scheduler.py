@@ -14,7 +14,7 @@ DATABASE_URL as is):
    ~20 s (after a margin that lets scheduling finish first), waits until all are released and
    reads them back: lateness = the stored timestamp_ms minus the due time carried in the value;
 3. index check: the database's plan for the query release_due issues, with 100,000 rows
-   scheduled (all due in 1, almost none due in 2), whether it uses scheduled_due_idx, and what
+   scheduled (all due in 1, almost none due in 2), whether it uses scheduled_due_id_idx, and what
    the query alone costs (EXPLAIN ANALYZE on PostgreSQL, where nothing else runs then).
 
 Daphne is stopped by its PID, always.
@@ -64,7 +64,7 @@ MIN_MARGIN_S = 15.0
 # How long after the last due time the run waits for the server to release everything.
 DRAIN_TIMEOUT_S = 90.0
 TARGET_P99_MS = 1000
-INDEX = "scheduled_due_idx"
+INDEX = "scheduled_due_id_idx"
 
 
 def value_for(i: int, due: int) -> bytes:

@@ -104,7 +104,9 @@ class ScheduledMessage(models.Model):
     created_ms = models.BigIntegerField()
 
     class Meta:
-        indexes = [models.Index(fields=["due_ms"], name="scheduled_due_idx")]
+        # (due_ms, id): release_due orders by both, and many rows share a due time (one batch
+        # with one delay), which PostgreSQL would otherwise sort on every claim.
+        indexes = [models.Index(fields=["due_ms", "id"], name="scheduled_due_id_idx")]
         constraints = [
             models.UniqueConstraint(
                 fields=["topic", "client_id"],

@@ -27,7 +27,7 @@ class Migration(migrations.Migration):
                 ('topic', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='scheduled', to='broker.topic')),
             ],
             options={
-                'indexes': [models.Index(fields=['due_ms'], name='scheduled_due_idx')],
+                'indexes': [models.Index(fields=['due_ms', 'id'], name='scheduled_due_id_idx')],
                 'constraints': [models.UniqueConstraint(condition=models.Q(('client_id__isnull', False)), fields=('topic', 'client_id'), name='scheduled_topic_client_id_uniq')],
             },
         ),
