@@ -235,8 +235,9 @@ def cleanup_fixtures(stamp: str, topic_names: list[str]) -> None:
 # --- Server side: Daphne and the REST client ------------------------------------------------
 
 
-def start_daphne(port: int, log_path: Path) -> subprocess.Popen[bytes]:
-    env = dict(os.environ, FERRY_BACKGROUND_IN_PROCESS="0")
+def start_daphne(port: int, log_path: Path, background: bool = False) -> subprocess.Popen[bytes]:
+    """Daphne on 127.0.0.1:port; background=True runs its in-process jobs (the scheduler)."""
+    env = dict(os.environ, FERRY_BACKGROUND_IN_PROCESS="1" if background else "0")
     command = [
         sys.executable,
         "-m",

@@ -44,12 +44,12 @@ from typing import Any
 
 import orjson
 from produce_fetch import (
-    ROOT,
     command_line,
     database_description,
     free_port,
     progress,
     setup_django,
+    start_daphne,
     stop_daphne,
     wait_healthy,
 )
@@ -257,25 +257,6 @@ def time_due_scan(now: int, runs: int = 5) -> float:
 # --- Phase 2: lateness under a real server ---------------------------------------------------
 
 
-def start_daphne(port: int, log_path: Path) -> subprocess.Popen[bytes]:
-    """Daphne with its in-process scheduler on (FERRY_BACKGROUND_IN_PROCESS=1)."""
-    env = dict(os.environ, FERRY_BACKGROUND_IN_PROCESS="1")
-    command = [
-        sys.executable,
-        "-m",
-        "daphne",
-        "-b",
-        "127.0.0.1",
-        "-p",
-        str(port),
-        "mqsite.asgi:application",
-    ]
-    with open(log_path, "wb") as log_file:
-        return subprocess.Popen(
-            command, cwd=ROOT, env=env, stdout=log_file, stderr=subprocess.STDOUT
-        )
-
-
 @dataclass
 class Lateness:
     count: int
@@ -345,7 +326,7 @@ def lateness_phase(
     connections.close_all()
     log_path = tmp / "daphne.log"
     progress(f"lateness: starting daphne on 127.0.0.1:{port} (log {log_path})")
-    proc = start_daphne(port, log_path)
+    proc = start_daphne(port, log_path, background=True)
     try:
         health = wait_healthy(f"http://127.0.0.1:{port}", proc, log_path)
         if health.get("database") != vendor:

@@ -74,8 +74,6 @@ class _Planned(NamedTuple):
 def message_size(message: NewMessage) -> int:
     """What counts against max_message_bytes: value, key and headers, in bytes."""
     size = len(message.value)
-    if message.key is None and not message.headers:
-        return size
     if message.key is not None:
         size += len(message.key.encode())
     for name, value in message.headers.items():
