@@ -122,9 +122,49 @@ class ScheduledMessage(models.Model):
 class ConsumerGroup(models.Model):
     name = models.CharField(max_length=200, unique=True)
     created_at = models.DateTimeField(auto_now_add=True)
+    # How partitions are spread over members: broker/core/assignment.py.
+    strategy = models.CharField(max_length=20, default="sticky")
+    # Bumped by every rebalance; a member's view of its partitions carries it.
+    generation = models.BigIntegerField(default=0)
+    session_timeout_ms = models.PositiveIntegerField(default=45_000)
 
     def __str__(self) -> str:
         return self.name
+
+
+class GroupMember(models.Model):
+    """A live consumer of a group on a topic; it expires when silent past the session timeout."""
+
+    group = models.ForeignKey(ConsumerGroup, on_delete=models.CASCADE, related_name="members")
+    member_id = models.CharField(max_length=100)
+    topic = models.ForeignKey(Topic, on_delete=models.CASCADE, related_name="members")
+    joined_ms = models.BigIntegerField()
+    heartbeat_ms = models.BigIntegerField(db_index=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["group", "member_id"], name="groupmember_uniq")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.group_id}:{self.member_id}"
+
+
+class PartitionLease(models.Model):
+    """Which member of a group holds a partition: one row per (group, partition), so one holder."""
+
+    group = models.ForeignKey(ConsumerGroup, on_delete=models.CASCADE, related_name="leases")
+    partition = models.ForeignKey(Partition, on_delete=models.CASCADE, related_name="leases")
+    member_id = models.CharField(max_length=100, null=True, blank=True)
+    generation = models.BigIntegerField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["group", "partition"], name="partitionlease_uniq")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.group_id}:{self.partition_id}->{self.member_id}"
 
 
 class GroupOffset(models.Model):

@@ -25,6 +25,9 @@ class Defaults:
     AUTH_CACHE_SECONDS: float = 1.0
     # Threads that run core calls for async edges; -1 picks 1 on SQLite, 4 on PostgreSQL.
     DB_THREADS: int = -1
+    # Membership: members heartbeat this often; the session timeout (per group, 45 s) expires them.
+    HEARTBEAT_INTERVAL_MS: int = 3000
+    MEMBER_EXPIRY_INTERVAL_SECONDS: float = 1.0
     # Background jobs: run inside the server process (the embedded default) unless Celery runs them.
     BACKGROUND_IN_PROCESS: bool = True
     RETENTION_INTERVAL_SECONDS: float = 30.0

@@ -90,6 +90,13 @@ class PartitionNotFound(BrokerError):
     template = "Topic {topic!r} has no partition {partition}."
 
 
+class MemberNotFound(BrokerError):
+    """The member is not in the group: it left or expired. Join again."""
+
+    code = "member_not_found"
+    template = "Member {member_id!r} is not in group {group!r} (left or expired): join again."
+
+
 class ScheduledNotFound(BrokerError):
     """No scheduled message has that id: it was released, cancelled, or never existed."""
 

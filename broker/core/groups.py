@@ -12,7 +12,7 @@ from django.db import transaction
 
 from broker import models
 from broker import settings as ferry_settings
-from broker.core import dbthreads, errors, events, keys, log, topics
+from broker.core import dbthreads, errors, events, keys, log, membership, topics
 from broker.core.records import (
     GroupInfo,
     GroupTopicOffsets,
@@ -61,12 +61,14 @@ def poll_messages(
     topic_name: str,
     max_messages: int,
     auto_commit: bool,
+    member_id: str | None = None,
 ) -> PollResult:
     """The next messages after the group's committed offsets, across the topic's partitions.
 
     With auto_commit the offsets move past the returned messages in the same transaction, so
     concurrent pollers of one group never get the same message; without it the group sees the
-    same messages again until it commits.
+    same messages again until it commits. A member (member_id) reads only the partitions it
+    holds a lease on, and its poll counts as a heartbeat.
     """
     validate_group_name(group_name)
     limit = ferry_settings.get("MAX_FETCH_MESSAGES")
@@ -77,6 +79,10 @@ def poll_messages(
     topic = _topic_for_consume(principal, topic_name)
     with transaction.atomic(durable=True):
         group = _ensure_offsets(group_name, topic)
+        held = None
+        if member_id is not None:
+            group, member = membership.touch_member(group_name, member_id, topic.id)
+            held = membership.held_partitions(group, member)
         # Group offset locks (partition order): serialize pollers and committers of this group.
         rows = list(
             models.GroupOffset.objects.select_for_update()
@@ -84,6 +90,8 @@ def poll_messages(
             .select_related("partition")
             .order_by("partition__number")
         )
+        if held is not None:
+            rows = [row for row in rows if row.partition_id in held]
         if rows and auto_commit:
             # Rotate the first partition read so one busy partition cannot starve the rest.
             # Without a commit the order stays fixed: the group sees the same messages again.
@@ -126,12 +134,13 @@ async def poll_messages_async(
     max_messages: int,
     auto_commit: bool,
     max_wait_ms: int,
+    member_id: str | None = None,
 ) -> PollResult:
     """poll_messages, waiting up to max_wait_ms for a message when there is none yet."""
     log.validate_max_wait(max_wait_ms)
     return await events.long_poll(
         lambda: dbthreads.run(
-            poll_messages, principal, group_name, topic_name, max_messages, auto_commit
+            poll_messages, principal, group_name, topic_name, max_messages, auto_commit, member_id
         ),
         is_empty=lambda r: not r.messages,
         topic_id_of=lambda r: r.topic_id,
@@ -223,10 +232,16 @@ def describe_group(principal: Principal, group_name: str) -> GroupInfo:
     if group is None:
         raise errors.GroupNotFound(group=group_name)
     offsets = _offsets_by_group(principal, {"group": group}).get(group_name, [])
+    members = [
+        m for m in membership.list_members(group) if keys.allows(principal, m.topic, "consume")
+    ]
     return GroupInfo(
         name=group.name,
         created_at_ms=int(group.created_at.timestamp() * 1000),
         topics=tuple(offsets),
+        generation=group.generation,
+        strategy=group.strategy,
+        members=tuple(members),
     )
 
 

@@ -28,6 +28,9 @@ class Job:
 
 JOBS: tuple[Job, ...] = (
     Job("release_due", "broker.core.scheduling.release_due", "SCHEDULER_INTERVAL_SECONDS"),
+    Job(
+        "expire_members", "broker.core.membership.expire_members", "MEMBER_EXPIRY_INTERVAL_SECONDS"
+    ),
     Job("apply_retention", "broker.core.log.apply_retention", "RETENTION_INTERVAL_SECONDS"),
     Job("purge_produced_ids", "broker.core.log.purge_produced_ids", "DEDUP_PURGE_INTERVAL_SECONDS"),
 )

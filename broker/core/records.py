@@ -188,10 +188,35 @@ class GroupTopicOffsets:
 
 
 @dataclass(frozen=True)
+class MemberSummary:
+    member_id: str
+    topic: str
+    partitions: tuple[int, ...]
+    joined_ms: int
+    heartbeat_ms: int
+
+
+@dataclass(frozen=True)
+class MemberInfo:
+    """What a member is told on join and heartbeat: its partitions in the current generation."""
+
+    group: str
+    member_id: str
+    topic: str
+    generation: int
+    partitions: tuple[int, ...]
+    session_timeout_ms: int
+    heartbeat_interval_ms: int
+
+
+@dataclass(frozen=True)
 class GroupInfo:
     name: str
     created_at_ms: int
     topics: tuple[GroupTopicOffsets, ...]
+    generation: int = 0
+    strategy: str = "sticky"
+    members: tuple[MemberSummary, ...] = ()
 
 
 @dataclass(frozen=True)

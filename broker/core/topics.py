@@ -6,7 +6,7 @@ from django.db import IntegrityError, transaction
 
 from broker import models
 from broker import settings as ferry_settings
-from broker.core import errors, keys
+from broker.core import errors, keys, membership
 from broker.core.records import PartitionInfo, Principal, TopicInfo
 
 NAME_RE = re.compile(r"[A-Za-z0-9._-]{1,200}")
@@ -174,6 +174,7 @@ def alter_topic(
         if topic is None:
             raise errors.TopicNotFound(name=name)
         changed = list(given)
+        grown = False
         for field, value in given.items():
             setattr(topic, field, value)
         if max_message_bytes is not None:
@@ -195,8 +196,12 @@ def alter_topic(
             )
             topic.partition_count = partitions
             changed.append("partition_count")
+            grown = True
         if changed:
             topic.save(update_fields=changed)
+        if grown:
+            # Lock order topic -> group: the groups on this topic hand out the new partitions.
+            membership.rebalance_topic(topic)
     return to_info(topic, list(topic.partitions.order_by("number")))
 
 

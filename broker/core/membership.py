@@ -1,0 +1,247 @@
+"""Group membership: join, heartbeat, leave, expiry, and the partition leases a rebalance hands out.
+
+See docs/semantics.md#membership. A rebalance runs under the group row's lock, bumps the
+group's generation and rewrites the (group, partition) lease rows; a lease row holds one member,
+so two members never hold one partition, whichever broker process serves them.
+"""
+
+import uuid
+
+from django.db import transaction
+
+from broker import models
+from broker import settings as ferry_settings
+from broker.core import assignment, errors, groups, keys, log, topics
+from broker.core.records import MemberInfo, MemberSummary, Principal
+
+MEMBER_ID_MAX = 100
+
+
+def _validate_member_id(member_id: str) -> None:
+    if not topics.NAME_RE.fullmatch(member_id) or len(member_id) > MEMBER_ID_MAX:
+        raise errors.InvalidRequest(
+            f"Member ids are 1 to {MEMBER_ID_MAX} characters from A-Z, a-z, 0-9, '.', '_', '-'.",
+            member_id=member_id,
+        )
+
+
+def _locked_group(group_name: str) -> models.ConsumerGroup:
+    """The group row, created if new and locked. Caller holds the write transaction."""
+    models.ConsumerGroup.objects.get_or_create(name=group_name)
+    # Group lock: serializes joins, leaves, expiry, rebalances and member polls of one group.
+    return models.ConsumerGroup.objects.select_for_update().get(name=group_name)
+
+
+def rebalance(group: models.ConsumerGroup, topic_id: int) -> None:
+    """Reassign the topic's partitions over the group's live members on it; bump the generation.
+
+    Caller holds the group lock.
+    """
+    members = list(
+        models.GroupMember.objects.filter(group=group, topic_id=topic_id).values_list(
+            "member_id", flat=True
+        )
+    )
+    partitions = dict(
+        models.Partition.objects.filter(topic_id=topic_id).values_list("number", "id")
+    )
+    leases = {
+        lease.partition_id: lease
+        for lease in models.PartitionLease.objects.filter(
+            group=group, partition_id__in=partitions.values()
+        )
+    }
+    number_of = {pid: number for number, pid in partitions.items()}
+    previous = {
+        number_of[pid]: lease.member_id
+        for pid, lease in leases.items()
+        if lease.member_id is not None
+    }
+    owners = assignment.assign(group.strategy, members, sorted(partitions), previous)
+    group.generation += 1
+    group.save(update_fields=["generation"])
+    changed, created = [], []
+    for number, pid in partitions.items():
+        owner = owners.get(number)
+        lease = leases.get(pid)
+        if lease is None:
+            created.append(
+                models.PartitionLease(
+                    group=group, partition_id=pid, member_id=owner, generation=group.generation
+                )
+            )
+        else:
+            lease.member_id = owner
+            lease.generation = group.generation
+            changed.append(lease)
+    models.PartitionLease.objects.bulk_create(created)
+    models.PartitionLease.objects.bulk_update(changed, ["member_id", "generation"])
+
+
+def rebalance_topic(topic: models.Topic) -> None:
+    """Rebalance every group with members on a topic whose partitions grew.
+
+    Caller holds the topic lock (lock order: topic, then group).
+    """
+    group_ids = set(
+        models.GroupMember.objects.filter(topic=topic).values_list("group_id", flat=True)
+    )
+    for group in (
+        models.ConsumerGroup.objects.select_for_update().filter(id__in=group_ids).order_by("id")
+    ):
+        rebalance(group, topic.id)
+
+
+def _info(group: models.ConsumerGroup, member: models.GroupMember, topic_name: str) -> MemberInfo:
+    partitions = models.PartitionLease.objects.filter(
+        group=group, member_id=member.member_id, partition__topic_id=member.topic_id
+    ).values_list("partition__number", flat=True)
+    return MemberInfo(
+        group=group.name,
+        member_id=member.member_id,
+        topic=topic_name,
+        generation=group.generation,
+        partitions=tuple(sorted(partitions)),
+        session_timeout_ms=group.session_timeout_ms,
+        heartbeat_interval_ms=ferry_settings.get("HEARTBEAT_INTERVAL_MS"),
+    )
+
+
+def join_group(
+    principal: Principal, group_name: str, topic_name: str, member_id: str | None = None
+) -> MemberInfo:
+    """Join (or rejoin) a group as a consumer of a topic; returns the member's partitions."""
+    groups.validate_group_name(group_name)
+    topic = topics.get_topic(principal, topic_name, "consume")
+    member_id = member_id or uuid.uuid4().hex
+    _validate_member_id(member_id)
+    now = log.now_ms()
+    with transaction.atomic(durable=True):
+        group = _locked_group(group_name)
+        member = models.GroupMember.objects.filter(group=group, member_id=member_id).first()
+        moved_from = None
+        if member is None:
+            member = models.GroupMember.objects.create(
+                group=group, member_id=member_id, topic_id=topic.id, joined_ms=now, heartbeat_ms=now
+            )
+        else:
+            if member.topic_id != topic.id:
+                moved_from = member.topic_id
+            member.topic_id = topic.id
+            member.heartbeat_ms = now
+            member.save(update_fields=["topic", "heartbeat_ms"])
+        rebalance(group, topic.id)
+        if moved_from is not None:
+            rebalance(group, moved_from)
+        return _info(group, member, topic.name)
+
+
+def _member(
+    group_name: str, member_id: str, lock: bool
+) -> tuple[models.ConsumerGroup, models.GroupMember]:
+    """The group (locked if lock) and the member; MemberNotFound when gone (expired or left)."""
+    groups_qs = models.ConsumerGroup.objects.filter(name=group_name)
+    group = (groups_qs.select_for_update() if lock else groups_qs).first()
+    member = (
+        models.GroupMember.objects.select_related("topic")
+        .filter(group=group, member_id=member_id)
+        .first()
+        if group is not None
+        else None
+    )
+    if group is None or member is None:
+        raise errors.MemberNotFound(group=group_name, member_id=member_id)
+    return group, member
+
+
+def heartbeat(principal: Principal, group_name: str, member_id: str) -> MemberInfo:
+    """Keep a member alive; returns its current generation and partitions (rejoin if gone)."""
+    with transaction.atomic(durable=True):
+        group, member = _member(group_name, member_id, lock=False)
+        keys.require(principal, member.topic.name, "consume")
+        member.heartbeat_ms = log.now_ms()
+        member.save(update_fields=["heartbeat_ms"])
+        return _info(group, member, member.topic.name)
+
+
+def leave_group(principal: Principal, group_name: str, member_id: str) -> None:
+    """Leave a group at once: the member's partitions go to the others."""
+    with transaction.atomic(durable=True):
+        group, member = _member(group_name, member_id, lock=True)
+        keys.require(principal, member.topic.name, "consume")
+        member.delete()
+        rebalance(group, member.topic_id)
+
+
+def expire_members() -> int:
+    """Remove members silent past their group's session timeout and rebalance; returns how many."""
+    now = log.now_ms()
+    candidates = models.GroupMember.objects.select_related("group").values_list(
+        "group_id", "heartbeat_ms", "group__session_timeout_ms"
+    )
+    group_ids = sorted({gid for gid, beat, timeout in candidates if beat < now - timeout})
+    removed = 0
+    for group_id in group_ids:
+        with transaction.atomic(durable=True):
+            group = models.ConsumerGroup.objects.select_for_update().filter(id=group_id).first()
+            if group is None:
+                continue
+            # Checked again under the lock: a heartbeat may have arrived meanwhile.
+            stale = models.GroupMember.objects.filter(
+                group=group, heartbeat_ms__lt=now - group.session_timeout_ms
+            )
+            topic_ids = set(stale.values_list("topic_id", flat=True))
+            count, _ = stale.delete()
+            removed += count
+            for topic_id in sorted(topic_ids):
+                rebalance(group, topic_id)
+    return removed
+
+
+def touch_member(
+    group_name: str, member_id: str, topic_id: int
+) -> tuple[models.ConsumerGroup, models.GroupMember]:
+    """Lock the group, check the member is in it on this topic, record a heartbeat.
+
+    Caller holds the write transaction.
+    """
+    group, member = _member(group_name, member_id, lock=True)
+    if member.topic_id != topic_id:
+        raise errors.InvalidRequest(
+            f"Member {member_id!r} joined for topic {member.topic.name!r}; join again to switch.",
+            member_id=member_id,
+        )
+    member.heartbeat_ms = log.now_ms()
+    member.save(update_fields=["heartbeat_ms"])
+    return group, member
+
+
+def held_partitions(group: models.ConsumerGroup, member: models.GroupMember) -> set[int]:
+    """Partition ids the member holds a lease on. Caller holds the group lock."""
+    return set(
+        models.PartitionLease.objects.filter(group=group, member_id=member.member_id).values_list(
+            "partition_id", flat=True
+        )
+    )
+
+
+def list_members(group: models.ConsumerGroup) -> list[MemberSummary]:
+    """The group's members with their partitions (no permission check: callers filter)."""
+    held: dict[str, list[int]] = {}
+    for member_id, number in models.PartitionLease.objects.filter(
+        group=group, member_id__isnull=False
+    ).values_list("member_id", "partition__number"):
+        if member_id is not None:
+            held.setdefault(member_id, []).append(number)
+    return [
+        MemberSummary(
+            member_id=m.member_id,
+            topic=m.topic.name,
+            partitions=tuple(sorted(held.get(m.member_id, []))),
+            joined_ms=m.joined_ms,
+            heartbeat_ms=m.heartbeat_ms,
+        )
+        for m in models.GroupMember.objects.filter(group=group)
+        .select_related("topic")
+        .order_by("member_id")
+    ]
