@@ -90,6 +90,12 @@ class PartitionNotFound(BrokerError):
     template = "Topic {topic!r} has no partition {partition}."
 
 
+class GroupHasMembers(BrokerError):
+    """The group has live members on the topic; stop them or pass force."""
+
+    code = "group_has_members"
+
+
 class MemberNotFound(BrokerError):
     """The member is not in the group: it left or expired. Join again."""
 

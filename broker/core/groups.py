@@ -183,6 +183,74 @@ def commit_offsets(
     return _group_topic_offsets(group_name, topic, list(rows.values()))
 
 
+RESET_TARGETS = ("earliest", "latest", "timestamp", "offsets")
+
+
+def reset_offsets(
+    principal: Principal,
+    group_name: str,
+    topic_name: str,
+    to: str,
+    *,
+    timestamp_ms: int | None = None,
+    offsets: dict[int, int] | None = None,
+    force: bool = False,
+) -> GroupTopicOffsets:
+    """Move a group's committed offsets on a topic: to earliest, latest, a time, or given offsets.
+
+    Refused while the group has live members on the topic, unless forced (Kafka's
+    kafka-consumer-groups --reset-offsets needs an inactive group too). Replays history.
+    """
+    validate_group_name(group_name)
+    if to not in RESET_TARGETS:
+        raise errors.InvalidRequest(f"to is one of {', '.join(RESET_TARGETS)}.", to=to)
+    if to == "timestamp" and timestamp_ms is None:
+        raise errors.InvalidRequest("Resetting to a timestamp needs timestamp_ms.")
+    if to == "offsets" and not offsets:
+        raise errors.InvalidRequest("Resetting to offsets needs at least one partition's offset.")
+    topic = _topic_for_consume(principal, topic_name)
+    with transaction.atomic(durable=True):
+        group = membership.locked_group(group_name)
+        if not force and models.GroupMember.objects.filter(group=group, topic=topic).exists():
+            raise errors.GroupHasMembers(group=group_name, topic=topic_name)
+        _ensure_offsets(group_name, topic)
+        # Group offset locks (partition order), after the group lock.
+        rows = {
+            row.partition.number: row
+            for row in models.GroupOffset.objects.select_for_update()
+            .filter(group=group, partition__topic=topic)
+            .select_related("partition")
+            .order_by("partition__number")
+        }
+        wanted = offsets or {}
+        if to == "offsets":
+            for number in wanted:
+                if number not in rows:
+                    raise errors.PartitionNotFound(topic=topic_name, partition=number)
+        for number, row in rows.items():
+            p = row.partition
+            if to == "earliest":
+                target = p.start_offset
+            elif to == "latest":
+                target = p.next_offset
+            elif to == "timestamp":
+                target = log.offset_for_timestamp(p, timestamp_ms or 0)
+            elif number in wanted:
+                target = wanted[number]
+                if not p.start_offset <= target <= p.next_offset:
+                    raise errors.OffsetOutOfRange(
+                        f"Offset {target} is outside partition {number}'s range "
+                        f"{p.start_offset}..{p.next_offset}.",
+                        partition=number,
+                        offset=target,
+                    )
+            else:
+                continue
+            row.committed_offset = target
+            row.save(update_fields=["committed_offset", "updated_at"])
+    return _group_topic_offsets(group_name, topic, list(rows.values()))
+
+
 def _group_topic_offsets(
     group_name: str, topic: models.Topic, rows: list[models.GroupOffset]
 ) -> GroupTopicOffsets:

@@ -409,6 +409,17 @@ async def read_messages_async(
     )
 
 
+def offset_for_timestamp(partition: models.Partition, timestamp_ms: int) -> int:
+    """The first offset stored at or after timestamp_ms, else the end offset (Kafka's lookup)."""
+    first = (
+        models.Message.objects.filter(partition_id=partition.id, timestamp_ms__gte=timestamp_ms)
+        .order_by("timestamp_ms", "offset")
+        .values_list("offset", flat=True)
+        .first()
+    )
+    return partition.next_offset if first is None else first
+
+
 def list_offsets(
     principal: Principal, topic_name: str, timestamp_ms: int | None = None
 ) -> list[OffsetLookup]:
@@ -417,13 +428,7 @@ def list_offsets(
     found: dict[int, int] = {}
     if timestamp_ms is not None:
         for p in models.Partition.objects.filter(topic_id=info.id):
-            first = (
-                models.Message.objects.filter(partition_id=p.id, timestamp_ms__gte=timestamp_ms)
-                .order_by("timestamp_ms", "offset")
-                .values_list("offset", flat=True)
-                .first()
-            )
-            found[p.number] = p.next_offset if first is None else first
+            found[p.number] = offset_for_timestamp(p, timestamp_ms)
     return [
         OffsetLookup(
             partition=p.number,

@@ -25,7 +25,7 @@ def _validate_member_id(member_id: str) -> None:
         )
 
 
-def _locked_group(group_name: str) -> models.ConsumerGroup:
+def locked_group(group_name: str) -> models.ConsumerGroup:
     """The group row, created if new and locked. Caller holds the write transaction."""
     models.ConsumerGroup.objects.get_or_create(name=group_name)
     # Group lock: serializes joins, leaves, expiry, rebalances and member polls of one group.
@@ -117,7 +117,7 @@ def join_group(
     _validate_member_id(member_id)
     now = log.now_ms()
     with transaction.atomic(durable=True):
-        group = _locked_group(group_name)
+        group = locked_group(group_name)
         member = models.GroupMember.objects.filter(group=group, member_id=member_id).first()
         moved_from = None
         if member is None:

@@ -2,7 +2,7 @@ import orjson
 import pytest
 
 from broker import models
-from broker.core import errors, groups, log
+from broker.core import errors, groups, log, membership
 from broker.core.records import NewMessage
 
 
@@ -149,3 +149,44 @@ def test_poll_messages__without_commit_same_messages_across_partitions(topic_fac
         for _ in range(4)
     ]
     assert all(p == polls[0] for p in polls)
+
+
+def test_reset_offsets__earliest_latest_timestamp_offsets(topic_factory, console):
+    topic = topic_factory(partitions=2)
+    produce(console, topic.name, 4, partition=0)
+    produce(console, topic.name, 2, partition=1)
+    models.Message.objects.filter(partition__number=0, offset__lt=2).update(timestamp_ms=1000)
+    latest = groups.reset_offsets(console, "g", topic.name, "latest")
+    assert [p.committed_offset for p in latest.partitions] == [4, 2]
+    assert groups.poll_messages(console, "g", topic.name, 10, False).messages == ()
+    earliest = groups.reset_offsets(console, "g", topic.name, "earliest")
+    assert [p.committed_offset for p in earliest.partitions] == [0, 0]
+    by_time = groups.reset_offsets(console, "g", topic.name, "timestamp", timestamp_ms=2000)
+    assert [p.committed_offset for p in by_time.partitions] == [2, 0]
+    given = groups.reset_offsets(console, "g", topic.name, "offsets", offsets={1: 1})
+    assert [p.committed_offset for p in given.partitions] == [2, 1]
+
+
+def test_reset_offsets__refused_with_live_members_unless_forced(topic_factory, console):
+    topic = topic_factory()
+    produce(console, topic.name, 3)
+    membership.join_group(console, "g", topic.name, "m")
+    with pytest.raises(errors.GroupHasMembers):
+        groups.reset_offsets(console, "g", topic.name, "latest")
+    assert groups.reset_offsets(console, "g", topic.name, "latest", force=True).lag == 0
+
+
+def test_reset_offsets__bad_input_changes_nothing(topic_factory, console):
+    topic = topic_factory(partitions=2)
+    produce(console, topic.name, 3, partition=0)
+    groups.commit_offsets(console, "g", topic.name, {0: 1})
+    for kwargs in (
+        {"to": "middle"},
+        {"to": "timestamp"},
+        {"to": "offsets"},
+        {"to": "offsets", "offsets": {0: 9}},
+        {"to": "offsets", "offsets": {0: 0, 7: 0}},
+    ):
+        with pytest.raises(errors.BrokerError):
+            groups.reset_offsets(console, "g", topic.name, **kwargs)
+    assert groups.describe_group(console, "g").topics[0].partitions[0].committed_offset == 1
