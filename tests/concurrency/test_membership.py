@@ -17,7 +17,7 @@ def test_poll_messages__members_across_processes_never_share(topic_factory):
     log.append_messages(
         keys.CONSOLE, topic.name, [NewMessage(b"1", partition=i % 4) for i in range(400)]
     )
-    received = []
+    received: list[tuple[int, ...]] = []
     lock = threading.Lock()
 
     def member(n):
