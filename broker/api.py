@@ -15,10 +15,11 @@ from ninja.renderers import BaseRenderer
 from ninja.security import HttpBearer
 
 from broker import schemas, wire
-from broker.core import dbthreads, errors, groups, keys, log, scheduling, topics
+from broker.core import dbthreads, errors, groups, keys, log, membership, scheduling, topics
 from broker.core.records import (
     GroupInfo,
     GroupTopicOffsets,
+    MemberInfo,
     Principal,
     TopicInfo,
 )
@@ -36,6 +37,7 @@ STATUS_BY_CODE = {
     "group_not_found": 404,
     "api_key_not_found": 404,
     "scheduled_not_found": 404,
+    "member_not_found": 404,
     "topic_exists": 409,
     "api_key_exists": 409,
     "topic_full": 409,
@@ -207,7 +209,31 @@ def group_out(info: GroupInfo) -> dict[str, Any]:
     return {
         "name": info.name,
         "created_at_ms": info.created_at_ms,
+        "generation": info.generation,
+        "strategy": info.strategy,
         "topics": [group_topic_out(t) for t in info.topics],
+        "members": [
+            {
+                "member_id": m.member_id,
+                "topic": m.topic,
+                "partitions": list(m.partitions),
+                "joined_ms": m.joined_ms,
+                "heartbeat_ms": m.heartbeat_ms,
+            }
+            for m in info.members
+        ],
+    }
+
+
+def member_out(info: MemberInfo) -> dict[str, Any]:
+    return {
+        "group": info.group,
+        "member_id": info.member_id,
+        "topic": info.topic,
+        "generation": info.generation,
+        "partitions": list(info.partitions),
+        "session_timeout_ms": info.session_timeout_ms,
+        "heartbeat_interval_ms": info.heartbeat_interval_ms,
     }
 
 
@@ -353,7 +379,13 @@ def cancel_scheduled(
 @api.post("/groups/{group}/poll", response=schemas.PollOut, tags=["groups"])
 async def poll(request: AuthedRequest, group: str, body: schemas.PollIn) -> HttpResponse:
     result = await groups.poll_messages_async(
-        request.auth, group, body.topic, body.max_messages, body.auto_commit, body.max_wait_ms
+        request.auth,
+        group,
+        body.topic,
+        body.max_messages,
+        body.auto_commit,
+        body.max_wait_ms,
+        member_id=body.member_id,
     )
     return json_response(
         {
@@ -372,6 +404,25 @@ async def poll(request: AuthedRequest, group: str, body: schemas.PollIn) -> Http
 def commit(request: AuthedRequest, group: str, body: schemas.CommitIn) -> dict[str, Any]:
     offsets = {o.partition: o.offset for o in body.offsets}
     return group_topic_out(groups.commit_offsets(request.auth, group, body.topic, offsets))
+
+
+@api.post("/groups/{group}/members", response={201: schemas.MemberOut}, tags=["groups"])
+def join_group(request: AuthedRequest, group: str, body: schemas.JoinIn) -> Status[dict[str, Any]]:
+    info = membership.join_group(request.auth, group, body.topic, body.member_id)
+    return Status(201, member_out(info))
+
+
+@api.post(
+    "/groups/{group}/members/{member_id}/heartbeat", response=schemas.MemberOut, tags=["groups"]
+)
+def heartbeat(request: AuthedRequest, group: str, member_id: str) -> dict[str, Any]:
+    return member_out(membership.heartbeat(request.auth, group, member_id))
+
+
+@api.delete("/groups/{group}/members/{member_id}", response={204: None}, tags=["groups"])
+def leave_group(request: AuthedRequest, group: str, member_id: str) -> Status[None]:
+    membership.leave_group(request.auth, group, member_id)
+    return Status(204, None)
 
 
 @api.get("/groups", response=list[schemas.GroupOut], tags=["groups"])

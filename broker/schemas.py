@@ -225,6 +225,28 @@ class PollIn(In):
     max_messages: int = 100
     max_wait_ms: int = 0
     auto_commit: bool = False
+    member_id: str | None = Field(
+        None, description="Poll as this member: only its partitions; counts as a heartbeat."
+    )
+
+
+class JoinIn(In):
+    topic: str
+    member_id: str | None = Field(
+        None, description="Rejoin under this id; left out, the broker makes one up."
+    )
+
+
+class MemberOut(Schema):
+    """A member's view of the group: its partitions in the current generation."""
+
+    group: str
+    member_id: str
+    topic: str
+    generation: int
+    partitions: list[int]
+    session_timeout_ms: int
+    heartbeat_interval_ms: int
 
 
 class PartitionOffsetIn(In):
@@ -269,10 +291,21 @@ class GroupTopicOut(Schema):
     partitions: list[PartitionLagOut]
 
 
+class GroupMemberOut(Schema):
+    member_id: str
+    topic: str
+    partitions: list[int]
+    joined_ms: int
+    heartbeat_ms: int
+
+
 class GroupOut(Schema):
     name: str
     created_at_ms: int
+    generation: int
+    strategy: str
     topics: list[GroupTopicOut]
+    members: list[GroupMemberOut]
 
 
 class OverviewOut(Schema):

@@ -10,7 +10,7 @@ from django.core.management.base import BaseCommand
 
 from broker import wire
 from broker.cli import arguments
-from broker.core import groups, keys, records
+from broker.core import errors, groups, keys, membership, records
 
 FOLLOW_WAIT_MS = 1000
 
@@ -29,7 +29,10 @@ def add_parser(nouns: "argparse._SubParsersAction[Any]") -> None:
         help="Messages per poll (default 100).",
     )
     parser.add_argument(
-        "--follow", action="store_true", help="Keep polling until Ctrl-C (or --max-total)."
+        "--follow",
+        action="store_true",
+        help="Join the group as a member and keep polling its partitions until Ctrl-C "
+        "(or --max-total); leave on exit.",
     )
     parser.add_argument(
         "--no-commit",
@@ -43,12 +46,36 @@ def add_parser(nouns: "argparse._SubParsersAction[Any]") -> None:
 
 
 def handle(command: BaseCommand, options: dict[str, Any]) -> None:
+    if not options["follow"]:
+        consume(command, options, None)
+        return
+    # --follow is a group member: the group splits the topic's partitions among its members,
+    # each poll is a heartbeat, and leaving hands this member's partitions to the others at once.
+    member = membership.join_group(keys.CONSOLE, options["group"], options["topic"])
+    command.stderr.write(
+        f"joined group {member.group} as {member.member_id} "
+        f"(generation {member.generation}, partitions {list(member.partitions)})"
+    )
+    try:
+        consume(command, options, member.member_id)
+    finally:
+        # Already gone if it expired while stopped; nothing left to hand over then.
+        with contextlib.suppress(errors.MemberNotFound):
+            membership.leave_group(keys.CONSOLE, member.group, member.member_id)
+
+
+def consume(command: BaseCommand, options: dict[str, Any], member_id: str | None) -> None:
     printed = 0
     max_total = options["max_total"]
     # Ctrl-C is how --follow ends; what was printed is committed, what was not is not.
     with contextlib.suppress(KeyboardInterrupt):
         while max_total is None or printed < max_total:
-            result = poll(options, printed)
+            try:
+                result = poll(options, printed, member_id)
+            except errors.MemberNotFound:
+                # Silent past the session timeout (a stopped process): expired, so join again.
+                membership.join_group(keys.CONSOLE, options["group"], options["topic"], member_id)
+                continue
             write(command, result)
             # Commit after printing: a consumer killed in between sees the messages again
             # (at least once) instead of losing them.
@@ -63,12 +90,14 @@ def handle(command: BaseCommand, options: dict[str, Any]) -> None:
                 return
 
 
-def poll(options: dict[str, Any], printed: int) -> records.PollResult:
-    """One poll; with --follow a long poll, run so the core stays on this thread."""
+def poll(options: dict[str, Any], printed: int, member_id: str | None) -> records.PollResult:
+    """One poll; with --follow a long poll as the member, run so the core stays on this thread."""
     args = (keys.CONSOLE, options["group"], options["topic"], poll_size(options, printed), False)
-    if not options["follow"]:
+    if member_id is None:
         return groups.poll_messages(*args)
-    return async_to_sync(groups.poll_messages_async)(*args, max_wait_ms=FOLLOW_WAIT_MS)
+    return async_to_sync(groups.poll_messages_async)(
+        *args, max_wait_ms=FOLLOW_WAIT_MS, member_id=member_id
+    )
 
 
 def poll_size(options: dict[str, Any], printed: int) -> int:

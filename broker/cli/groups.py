@@ -1,6 +1,7 @@
-"""Console noun `groups`: list groups, describe one's offsets and lag (docs/console.md)."""
+"""Console noun `groups`: list groups, describe one's offsets, lag and members (docs/console.md)."""
 
 import argparse
+import datetime
 from typing import Any
 
 from django.core.management.base import BaseCommand
@@ -15,7 +16,9 @@ def add_parser(nouns: "argparse._SubParsersAction[Any]") -> None:
     verbs.add_parser("list", help="Per group and topic: committed, end, lag.").set_defaults(
         handler=handle_list
     )
-    describe = verbs.add_parser("describe", help="Per topic and partition: offsets and lag.")
+    describe = verbs.add_parser(
+        "describe", help="Per topic and partition: offsets and lag; then the group's members."
+    )
     describe.add_argument("group")
     describe.set_defaults(handler=handle_describe)
 
@@ -31,12 +34,28 @@ def handle_list(command: BaseCommand, options: dict[str, Any]) -> None:
 
 def handle_describe(command: BaseCommand, options: dict[str, Any]) -> None:
     info = groups.describe_group(keys.CONSOLE, options["group"])
-    rows = [
-        (t.topic, p.partition, p.committed_offset, p.start_offset, p.end_offset, p.lag)
-        for t in info.topics
-        for p in t.partitions
-    ]
-    command.stdout.write(
-        f"group {info.name}\n\n"
-        + table.render(("topic", "partition", "committed", "start", "end", "lag"), rows)
+    settings = table.fields(
+        [("group", info.name), ("generation", info.generation), ("strategy", info.strategy)]
     )
+    offsets = table.render(
+        ("topic", "partition", "committed", "start", "end", "lag"),
+        [
+            (t.topic, p.partition, p.committed_offset, p.start_offset, p.end_offset, p.lag)
+            for t in info.topics
+            for p in t.partitions
+        ],
+    )
+    members = table.render(
+        ("member", "topic", "partitions", "last heartbeat"),
+        [
+            (m.member_id, m.topic, ",".join(map(str, m.partitions)) or None, at(m.heartbeat_ms))
+            for m in info.members
+        ],
+    )
+    command.stdout.write(f"{settings}\n\n{offsets}\n\n{members}")
+
+
+def at(ms: int) -> str:
+    """A time in ms since the epoch as ISO 8601 in UTC."""
+    moment = datetime.datetime.fromtimestamp(ms / 1000, tz=datetime.UTC)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")

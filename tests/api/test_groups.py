@@ -99,6 +99,7 @@ def test_list_groups__with_offsets(api_client, orders):
         ("audit", 4),
         ("billing", 1),
     ]
+    assert {"generation", "strategy", "members"} <= set(response.json()[0])
 
 
 def test_describe_group__lag(api_client, topic_factory):
@@ -119,6 +120,9 @@ def test_describe_group__lag(api_client, topic_factory):
         (1, 0, 2, 2),
     ]
     assert (topic["committed_offset"], topic["end_offset"], topic["lag"]) == (1, 5, 4)
+    # No member joined: membership is opt-in (tests/api/test_members.py).
+    body = response.json()
+    assert (body["generation"], body["strategy"], body["members"]) == (0, "sticky", [])
 
 
 def test_describe_group__unknown(api_client, error_of):

@@ -4,9 +4,11 @@ import base64
 
 import orjson
 import pytest
+from asgiref.sync import sync_to_async
 from django.core.management.base import CommandError
 
-from broker.core import groups, keys, log, records
+from broker import models
+from broker.core import groups, keys, log, membership, records
 
 
 def append_json(topic, *values, **fields):
@@ -104,6 +106,75 @@ def test_follow__max_total_stops(ferry, topic_factory):
     assert offsets.committed_total == 7
 
 
+@pytest.mark.django_db(transaction=True)
+def test_follow__joins_as_member_and_leaves(ferry, topic_factory, monkeypatch):
+    topic_factory("orders", partitions=2)
+    append_json("orders", *range(3), partition=0)
+    append_json("orders", *range(3, 6), partition=1)
+    # Another member holds one partition: this consumer reads only the other one.
+    other = membership.join_group(keys.CONSOLE, "g", "orders", "other")
+    joined = []
+    join_group = membership.join_group
+
+    def recording_join(*args, **kwargs):
+        info = join_group(*args, **kwargs)
+        joined.append(info)
+        return info
+
+    monkeypatch.setattr(membership, "join_group", recording_join)
+    out = ferry("consume", "orders", "--group=g", "--follow", "--max-total=3")
+    [mine] = joined
+    assert len(mine.partitions) == 1
+    assert mine.partitions != membership.heartbeat(keys.CONSOLE, "g", other.member_id).partitions
+    assert {m["partition"] for m in lines(out)} == set(mine.partitions)
+    # Left on exit: the other member holds everything again.
+    info = groups.describe_group(keys.CONSOLE, "g")
+    assert [m.member_id for m in info.members] == ["other"]
+    assert info.members[0].partitions == (0, 1)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_follow__leaves_when_done(ferry, topic_factory):
+    topic_factory("orders")
+    append_json("orders", "a", "b")
+    out = ferry("consume", "orders", "--group=g", "--follow", "--max-total=2")
+    assert [m["value"] for m in lines(out)] == ["a", "b"]
+    info = groups.describe_group(keys.CONSOLE, "g")
+    assert info.members == ()
+    assert info.generation == 2  # joined, then left
+
+
+@pytest.mark.django_db(transaction=True)
+def test_follow__rejoins_after_expiry(ferry, topic_factory, monkeypatch):
+    topic_factory("orders")
+    append_json("orders", "a")
+    real_poll = groups.poll_messages_async
+    polls: list[str] = []
+
+    async def expire_first(*args, **kwargs):
+        if not polls:
+            # As if the process stopped past the session timeout: the member is gone.
+            await sync_to_async(models.GroupMember.objects.all().delete)()
+        polls.append(kwargs["member_id"])
+        return await real_poll(*args, **kwargs)
+
+    monkeypatch.setattr(groups, "poll_messages_async", expire_first)
+    out = ferry("consume", "orders", "--group=g", "--follow", "--max-total=1")
+    assert [m["value"] for m in lines(out)] == ["a"]
+    # Polled again under the same member id, joined again.
+    assert len(polls) == 2
+    assert polls[0] == polls[1]
+    assert groups.describe_group(keys.CONSOLE, "g").members == ()
+
+
+def test_without_follow__no_membership(ferry, topic_factory):
+    topic_factory("orders")
+    append_json("orders", "a")
+    ferry("consume", "orders", "--group=g")
+    info = groups.describe_group(keys.CONSOLE, "g")
+    assert (info.members, info.generation) == ((), 0)
+
+
 def test_follow__ctrl_c_exits_cleanly(ferry, topic_factory, monkeypatch):
     topic_factory("orders")
 
@@ -112,3 +183,5 @@ def test_follow__ctrl_c_exits_cleanly(ferry, topic_factory, monkeypatch):
 
     monkeypatch.setattr(groups, "poll_messages_async", interrupted)
     assert ferry("consume", "orders", "--group=g", "--follow") == ""
+    # Left the group on the way out.
+    assert groups.describe_group(keys.CONSOLE, "g").members == ()

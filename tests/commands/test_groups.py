@@ -3,7 +3,7 @@
 import pytest
 from django.core.management.base import CommandError
 
-from broker.core import groups, keys, log, records
+from broker.core import groups, keys, log, membership, records
 
 
 @pytest.fixture
@@ -29,13 +29,32 @@ def test_handle_list__empty(ferry):
 
 
 def test_handle_describe__partitions(ferry, billing_on_orders):
-    lines = ferry("groups", "describe", "billing").splitlines()
-    assert lines[0] == "group billing"
-    assert lines[2].split() == ["TOPIC", "PARTITION", "COMMITTED", "START", "END", "LAG"]
-    assert [line.split() for line in lines[3:]] == [
+    settings, offsets, members = ferry("groups", "describe", "billing").split("\n\n")
+    assert [line.split() for line in settings.splitlines()] == [
+        ["group", "billing"],
+        ["generation", "0"],
+        ["strategy", "sticky"],
+    ]
+    lines = offsets.splitlines()
+    assert lines[0].split() == ["TOPIC", "PARTITION", "COMMITTED", "START", "END", "LAG"]
+    assert [line.split() for line in lines[1:]] == [
         ["orders", "0", "2", "0", "3", "1"],
         ["orders", "1", "0", "0", "1", "1"],
     ]
+    assert members.split() == ["MEMBER", "TOPIC", "PARTITIONS", "LAST", "HEARTBEAT"]
+
+
+def test_handle_describe__members(ferry, billing_on_orders):
+    membership.join_group(keys.CONSOLE, "billing", "orders", "a")
+    membership.join_group(keys.CONSOLE, "billing", "orders", "b")
+    settings, _, members = ferry("groups", "describe", "billing").split("\n\n")
+    assert settings.splitlines()[1].split() == ["generation", "2"]
+    lines = members.splitlines()
+    assert lines[0].split() == ["MEMBER", "TOPIC", "PARTITIONS", "LAST", "HEARTBEAT"]
+    rows = [line.split() for line in lines[1:]]
+    assert [row[:2] for row in rows] == [["a", "orders"], ["b", "orders"]]
+    assert sorted(row[2] for row in rows) == ["0", "1"]
+    assert all(row[3].endswith("Z") for row in rows)
 
 
 def test_handle_describe__unknown(ferry):

@@ -1,0 +1,206 @@
+"""REST edge tests for group membership: join, heartbeat, leave, member polls, describe."""
+
+import pytest
+
+JSON = "application/json"
+
+MEMBER_FIELDS = {
+    "group",
+    "member_id",
+    "topic",
+    "generation",
+    "partitions",
+    "session_timeout_ms",
+    "heartbeat_interval_ms",
+}
+
+
+@pytest.fixture
+def orders(api_client, topic_factory):
+    """A four-partition topic "orders" holding three messages per partition."""
+    topic_factory("orders", partitions=4)
+    messages = [{"value": [p, i], "partition": p} for p in range(4) for i in range(3)]
+    response = api_client.post(
+        "/api/v1/topics/orders/messages", {"messages": messages}, content_type=JSON
+    )
+    assert response.status_code == 200
+    return "orders"
+
+
+def join(client, group, topic, **fields):
+    return client.post(
+        f"/api/v1/groups/{group}/members", {"topic": topic, **fields}, content_type=JSON
+    )
+
+
+def heartbeat(client, group, member_id):
+    return client.post(f"/api/v1/groups/{group}/members/{member_id}/heartbeat")
+
+
+def leave(client, group, member_id):
+    return client.delete(f"/api/v1/groups/{group}/members/{member_id}")
+
+
+def poll(client, group, topic, **options):
+    return client.post(
+        f"/api/v1/groups/{group}/poll", {"topic": topic, **options}, content_type=JSON
+    )
+
+
+def test_join__first_member_holds_every_partition(api_client, orders):
+    response = join(api_client, "billing", orders, member_id="a")
+
+    assert response.status_code == 201
+    body = response.json()
+    assert set(body) == MEMBER_FIELDS
+    assert (body["group"], body["member_id"], body["topic"]) == ("billing", "a", "orders")
+    assert (body["generation"], body["partitions"]) == (1, [0, 1, 2, 3])
+    assert (body["session_timeout_ms"], body["heartbeat_interval_ms"]) == (45_000, 3000)
+
+
+def test_join__member_id_made_up_when_left_out(api_client, orders):
+    response = join(api_client, "billing", orders)
+
+    assert response.status_code == 201
+    assert len(response.json()["member_id"]) == 32
+
+
+def test_join__unknown_topic(api_client, error_of):
+    assert error_of(join(api_client, "billing", "nope")) == (404, "topic_not_found")
+
+
+def test_join__without_consume(client_factory, orders, error_of):
+    producer = client_factory("produce:*")
+
+    assert error_of(join(producer, "billing", orders)) == (403, "permission_denied")
+
+
+def test_join__bad_member_id(api_client, orders, error_of):
+    assert error_of(join(api_client, "billing", orders, member_id="no spaces")) == (
+        400,
+        "invalid_request",
+    )
+
+
+def test_join__bad_group_name(api_client, orders, error_of):
+    assert error_of(join(api_client, "bad group!", orders)) == (400, "invalid_request")
+
+
+def test_join__unknown_field(api_client, orders, error_of):
+    assert error_of(join(api_client, "billing", orders, membr_id="a")) == (
+        422,
+        "validation_error",
+    )
+
+
+def test_heartbeat__current_assignment(api_client, orders):
+    join(api_client, "billing", orders, member_id="a")
+    join(api_client, "billing", orders, member_id="b")
+
+    response = heartbeat(api_client, "billing", "a")
+
+    assert response.status_code == 200
+    body = response.json()
+    assert set(body) == MEMBER_FIELDS
+    assert (body["member_id"], body["generation"], len(body["partitions"])) == ("a", 2, 2)
+
+
+def test_heartbeat__unknown_member(api_client, orders, error_of):
+    join(api_client, "billing", orders, member_id="a")
+
+    assert error_of(heartbeat(api_client, "billing", "nobody")) == (404, "member_not_found")
+
+
+def test_leave__partitions_go_to_the_others(api_client, orders):
+    join(api_client, "billing", orders, member_id="a")
+    join(api_client, "billing", orders, member_id="b")
+
+    response = leave(api_client, "billing", "b")
+
+    assert response.status_code == 204
+    assert response.content == b""
+    body = heartbeat(api_client, "billing", "a").json()
+    assert (body["generation"], body["partitions"]) == (3, [0, 1, 2, 3])
+
+
+def test_leave__unknown_member(api_client, orders, error_of):
+    join(api_client, "billing", orders, member_id="a")
+    leave(api_client, "billing", "a")
+
+    assert error_of(leave(api_client, "billing", "a")) == (404, "member_not_found")
+
+
+def test_poll__unknown_member(api_client, orders, error_of):
+    join(api_client, "billing", orders, member_id="a")
+
+    assert error_of(poll(api_client, "billing", orders, member_id="nobody")) == (
+        404,
+        "member_not_found",
+    )
+
+
+def test_poll__member_of_another_topic(api_client, orders, topic_factory, error_of):
+    topic_factory("payments")
+    join(api_client, "billing", "payments", member_id="a")
+
+    assert error_of(poll(api_client, "billing", orders, member_id="a")) == (
+        400,
+        "invalid_request",
+    )
+
+
+def test_poll__two_members_split_the_partitions(api_client, orders):
+    a = join(api_client, "billing", orders, member_id="a").json()
+    b = join(api_client, "billing", orders, member_id="b").json()
+    # a's view is from before b joined; its heartbeat brings the current assignment.
+    a = heartbeat(api_client, "billing", "a").json()
+    assert sorted(a["partitions"] + b["partitions"]) == [0, 1, 2, 3]
+
+    got = {}
+    for member in (a, b):
+        response = poll(
+            api_client, "billing", orders, member_id=member["member_id"], auto_commit=True
+        )
+        assert response.status_code == 200
+        got[member["member_id"]] = response.json()["messages"]
+
+    assert {m["partition"] for m in got["a"]} == set(a["partitions"])
+    assert {m["partition"] for m in got["b"]} == set(b["partitions"])
+    assert sorted(m["value"] for m in got["a"] + got["b"]) == [
+        [p, i] for p in range(4) for i in range(3)
+    ]
+
+
+def test_poll__without_member_reads_every_partition(api_client, orders):
+    join(api_client, "billing", orders, member_id="a")
+    join(api_client, "billing", orders, member_id="b")
+
+    response = poll(api_client, "billing", orders)
+
+    assert {m["partition"] for m in response.json()["messages"]} == {0, 1, 2, 3}
+
+
+def test_describe_group__generation_strategy_members(api_client, orders):
+    join(api_client, "billing", orders, member_id="a")
+    join(api_client, "billing", orders, member_id="b")
+
+    response = api_client.get("/api/v1/groups/billing")
+
+    assert response.status_code == 200
+    body = response.json()
+    assert (body["generation"], body["strategy"]) == (2, "sticky")
+    members = body["members"]
+    assert [m["member_id"] for m in members] == ["a", "b"]
+    assert set(members[0]) == {"member_id", "topic", "partitions", "joined_ms", "heartbeat_ms"}
+    assert all(m["topic"] == "orders" for m in members)
+    assert sorted(p for m in members for p in m["partitions"]) == [0, 1, 2, 3]
+    assert all(m["heartbeat_ms"] >= m["joined_ms"] for m in members)
+
+
+def test_describe_group__members_hidden_without_consume(api_client, client_factory, orders):
+    payments_reader = client_factory("consume:payments")
+    join(api_client, "billing", orders, member_id="a")
+
+    body = payments_reader.get("/api/v1/groups/billing").json()
+
+    assert body["members"] == []
