@@ -2,6 +2,7 @@
 
 import argparse
 import contextlib
+import signal
 from typing import Any
 
 import orjson
@@ -56,12 +57,19 @@ def handle(command: BaseCommand, options: dict[str, Any]) -> None:
         f"joined group {member.group} as {member.member_id} "
         f"(generation {member.generation}, partitions {list(member.partitions)})"
     )
+    # A plain kill (SIGTERM) ends --follow as Ctrl-C does, so the finally below leaves the group.
+    previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         consume(command, options, member.member_id)
     finally:
+        signal.signal(signal.SIGTERM, previous)
         # Already gone if it expired while stopped; nothing left to hand over then.
         with contextlib.suppress(errors.MemberNotFound):
             membership.leave_group(keys.CONSOLE, member.group, member.member_id)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def consume(command: BaseCommand, options: dict[str, Any], member_id: str | None) -> None:

@@ -300,6 +300,12 @@ def describe_group(principal: Principal, group_name: str) -> GroupInfo:
     if group is None:
         raise errors.GroupNotFound(group=group_name)
     offsets = _offsets_by_group(principal, {"group": group}).get(group_name, [])
+    return _group_info(principal, group, offsets)
+
+
+def _group_info(
+    principal: Principal, group: models.ConsumerGroup, offsets: list[GroupTopicOffsets]
+) -> GroupInfo:
     members = [
         m for m in membership.list_members(group) if keys.allows(principal, m.topic, "consume")
     ]
@@ -314,19 +320,16 @@ def describe_group(principal: Principal, group_name: str) -> GroupInfo:
 
 
 def list_groups(principal: Principal) -> list[GroupInfo]:
-    """Every group with offsets on a topic the principal may consume, by name."""
+    """Every group with offsets or members on a topic the principal may consume, by name."""
     by_group = _offsets_by_group(principal, {})
-    created = dict(
-        models.ConsumerGroup.objects.filter(name__in=by_group).values_list("name", "created_at")
-    )
-    return [
-        GroupInfo(
-            name=name,
-            created_at_ms=int(created[name].timestamp() * 1000),
-            topics=tuple(offsets),
-        )
-        for name, offsets in by_group.items()
-    ]
+    # A group whose members joined but never polled or committed has no offsets yet.
+    for group_name, topic_name in models.GroupMember.objects.values_list(
+        "group__name", "topic__name"
+    ):
+        if keys.allows(principal, topic_name, "consume"):
+            by_group.setdefault(group_name, [])
+    rows = {g.name: g for g in models.ConsumerGroup.objects.filter(name__in=by_group)}
+    return [_group_info(principal, rows[name], by_group[name]) for name in sorted(by_group)]
 
 
 def overview(principal: Principal) -> Overview:

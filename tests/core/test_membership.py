@@ -127,3 +127,10 @@ def test_join_group__switch_topic_rebalances_both(topic_factory, console):
     leases = dict(models.PartitionLease.objects.values_list("partition__topic__name", "member_id"))
     assert leases[second.name] == "a"
     assert leases[first.name] is None
+
+
+def test_list_groups__members_and_generation(topic_factory, console):
+    topic = topic_factory(partitions=2)
+    membership.join_group(console, "g", topic.name, "a")
+    [info] = groups.list_groups(console)
+    assert (info.generation, [m.member_id for m in info.members]) == (1, ["a"])
