@@ -38,6 +38,7 @@ STATUS_BY_CODE = {
     "api_key_not_found": 404,
     "scheduled_not_found": 404,
     "member_not_found": 404,
+    "group_has_members": 409,
     "topic_exists": 409,
     "api_key_exists": 409,
     "topic_full": 409,
@@ -423,6 +424,21 @@ def heartbeat(request: AuthedRequest, group: str, member_id: str) -> dict[str, A
 def leave_group(request: AuthedRequest, group: str, member_id: str) -> Status[None]:
     membership.leave_group(request.auth, group, member_id)
     return Status(204, None)
+
+
+@api.post("/groups/{group}/reset", response=schemas.GroupTopicOut, tags=["groups"])
+def reset(request: AuthedRequest, group: str, body: schemas.ResetIn) -> dict[str, Any]:
+    offsets = {o.partition: o.offset for o in body.offsets or []}
+    result = groups.reset_offsets(
+        request.auth,
+        group,
+        body.topic,
+        body.to,
+        timestamp_ms=body.timestamp_ms,
+        offsets=offsets,
+        force=body.force,
+    )
+    return group_topic_out(result)
 
 
 @api.get("/groups", response=list[schemas.GroupOut], tags=["groups"])

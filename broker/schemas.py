@@ -272,6 +272,16 @@ class CommitIn(In):
     offsets: list[PartitionOffsetIn] = Field(min_length=1)
 
 
+class ResetIn(In):
+    """Where to move the group's committed offsets on topic (Kafka's --reset-offsets)."""
+
+    topic: str
+    to: Literal["earliest", "latest", "timestamp", "offsets"]
+    timestamp_ms: int | None = None
+    offsets: list[PartitionOffsetIn] | None = None
+    force: bool = False
+
+
 class PartitionLagOut(Schema):
     partition: int
     committed_offset: int

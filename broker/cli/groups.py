@@ -21,6 +21,38 @@ def add_parser(nouns: "argparse._SubParsersAction[Any]") -> None:
     )
     describe.add_argument("group")
     describe.set_defaults(handler=handle_describe)
+    reset = verbs.add_parser(
+        "reset", help="Move the group's committed offsets on a topic (replay or skip)."
+    )
+    reset.add_argument("group")
+    reset.add_argument("--topic", required=True)
+    target = reset.add_mutually_exclusive_group(required=True)
+    target.add_argument("--to-earliest", action="store_true", help="Every partition's start.")
+    target.add_argument("--to-latest", action="store_true", help="Every partition's end.")
+    target.add_argument(
+        "--to-timestamp", type=int, metavar="MS", help="The first offset at or after MS."
+    )
+    target.add_argument(
+        "--to-offset",
+        action="append",
+        metavar="PARTITION=OFFSET",
+        type=partition_offset,
+        help="An explicit offset for one partition (repeat for more).",
+    )
+    reset.add_argument(
+        "--force", action="store_true", help="Reset even while the group has live members."
+    )
+    reset.set_defaults(handler=handle_reset)
+
+
+def partition_offset(text: str) -> tuple[int, int]:
+    partition, sep, offset = text.partition("=")
+    try:
+        if not sep:
+            raise ValueError(text)
+        return int(partition), int(offset)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected PARTITION=OFFSET, got {text!r}") from None
 
 
 def handle_list(command: BaseCommand, options: dict[str, Any]) -> None:
@@ -53,6 +85,35 @@ def handle_describe(command: BaseCommand, options: dict[str, Any]) -> None:
         ],
     )
     command.stdout.write(f"{settings}\n\n{offsets}\n\n{members}")
+
+
+def handle_reset(command: BaseCommand, options: dict[str, Any]) -> None:
+    if options["to_earliest"]:
+        to = "earliest"
+    elif options["to_latest"]:
+        to = "latest"
+    elif options["to_timestamp"] is not None:
+        to = "timestamp"
+    else:
+        to = "offsets"
+    result = groups.reset_offsets(
+        keys.CONSOLE,
+        options["group"],
+        options["topic"],
+        to,
+        timestamp_ms=options["to_timestamp"],
+        offsets=dict(options["to_offset"] or []),
+        force=options["force"],
+    )
+    command.stdout.write(
+        table.render(
+            ("topic", "partition", "committed", "start", "end", "lag"),
+            [
+                (result.topic, p.partition, p.committed_offset, p.start_offset, p.end_offset, p.lag)
+                for p in result.partitions
+            ],
+        )
+    )
 
 
 def at(ms: int) -> str:

@@ -142,3 +142,47 @@ def test_overview__topics_and_groups(api_client, orders):
     [group] = body["groups"]
     assert (group["group"], group["topic"]) == ("billing", "orders")
     assert (group["max_offset"], group["committed_offset"], group["lag"]) == (4, 2, 3)
+
+
+def test_reset__to_earliest_then_explicit(api_client, topic_factory):
+    topic_factory("orders")
+    api_client.post(
+        "/api/v1/topics/orders/messages",
+        {"messages": [{"value": i} for i in range(3)]},
+        content_type=JSON,
+    )
+    api_client.post(
+        "/api/v1/groups/g/poll", {"topic": "orders", "auto_commit": True}, content_type=JSON
+    )
+    earliest = api_client.post(
+        "/api/v1/groups/g/reset", {"topic": "orders", "to": "earliest"}, content_type=JSON
+    )
+    assert (earliest.status_code, earliest.json()["lag"]) == (200, 3)
+    given = api_client.post(
+        "/api/v1/groups/g/reset",
+        {"topic": "orders", "to": "offsets", "offsets": [{"partition": 0, "offset": 2}]},
+        content_type=JSON,
+    )
+    assert given.json()["partitions"][0]["committed_offset"] == 2
+
+
+def test_reset__refused_with_members_unless_forced(api_client, topic_factory):
+    topic_factory("orders")
+    api_client.post("/api/v1/groups/g/members", {"topic": "orders"}, content_type=JSON)
+    body = {"topic": "orders", "to": "latest"}
+    refused = api_client.post("/api/v1/groups/g/reset", body, content_type=JSON)
+    assert (refused.status_code, refused.json()["error"]["code"]) == (409, "group_has_members")
+    forced = api_client.post("/api/v1/groups/g/reset", {**body, "force": True}, content_type=JSON)
+    assert forced.status_code == 200
+
+
+def test_reset__bad_target(api_client, topic_factory):
+    topic_factory("orders")
+    bad = api_client.post(
+        "/api/v1/groups/g/reset", {"topic": "orders", "to": "middle"}, content_type=JSON
+    )
+    assert bad.status_code == 422
+    missing = api_client.post(
+        "/api/v1/groups/g/reset", {"topic": "orders", "to": "timestamp"}, content_type=JSON
+    )
+    assert (missing.status_code, missing.json()["error"]["code"]) == (400, "invalid_request")

@@ -65,3 +65,16 @@ def test_handle_describe__unknown(ferry):
 def test_handle_describe__bad_name(ferry):
     with pytest.raises(CommandError, match=r"^invalid_request: Group names"):
         ferry("groups", "describe", "no spaces")
+
+
+def test_reset__to_offset_and_to_latest(ferry, topic_factory, console):
+    from broker.core import groups, log
+    from broker.core.records import NewMessage
+
+    topic = topic_factory("payments", partitions=2)
+    log.append_messages(console, topic.name, [NewMessage(b"1", partition=0) for _ in range(3)])
+    out = ferry("groups", "reset", "audit", "--topic", "payments", "--to-offset", "0=1")
+    assert "payments" in out
+    assert groups.describe_group(console, "audit").topics[0].partitions[0].committed_offset == 1
+    ferry("groups", "reset", "audit", "--topic", "payments", "--to-latest")
+    assert groups.describe_group(console, "audit").topics[0].lag == 0
