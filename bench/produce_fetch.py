@@ -15,6 +15,7 @@ suite (STYLE.md §6). One process does everything, on one machine and in one run
 """
 
 import argparse
+import functools
 import logging
 import os
 import platform
@@ -304,6 +305,18 @@ def produce_phase(client: httpx.Client, topic: str, batch: int, requests: int) -
     return timed(f"produce batch={batch}", requests, step)
 
 
+def run_together(targets: list[Callable[[], None]], barrier: threading.Barrier) -> float:
+    """Start a thread per target; time from the shared barrier until the last one ends."""
+    threads = [threading.Thread(target=target) for target in targets]
+    for t in threads:
+        t.start()
+    barrier.wait()
+    started = time.perf_counter()
+    for t in threads:
+        t.join()
+    return time.perf_counter() - started
+
+
 def concurrent_produce_phase(
     url: str, headers: dict[str, str], topic: str, batch: int, requests: int, clients: int
 ) -> Phase:
@@ -330,14 +343,7 @@ def concurrent_produce_phase(
 
     barrier = threading.Barrier(clients + 1)
     shares = [requests // clients + (1 if i < requests % clients else 0) for i in range(clients)]
-    threads = [threading.Thread(target=work, args=(n,)) for n in shares]
-    for t in threads:
-        t.start()
-    barrier.wait()
-    started = time.perf_counter()
-    for t in threads:
-        t.join()
-    seconds = time.perf_counter() - started
+    seconds = run_together([functools.partial(work, n) for n in shares], barrier)
     if failures:
         raise RuntimeError(f"concurrent produce failed: {failures[0]}")
     name = f"produce batch={batch} x{clients}"
@@ -422,14 +428,7 @@ def concurrent_fetch_phase(
             counts.append(fetched)
 
     barrier = threading.Barrier(clients + 1)
-    threads = [threading.Thread(target=work, args=(i * share,)) for i in range(clients)]
-    for t in threads:
-        t.start()
-    barrier.wait()
-    started = time.perf_counter()
-    for t in threads:
-        t.join()
-    seconds = time.perf_counter() - started
+    seconds = run_together([functools.partial(work, i * share) for i in range(clients)], barrier)
     name = f"fetch limit={FETCH_LIMIT} x{clients}"
     return Phase(name, len(latencies), sum(counts), seconds, latencies)
 

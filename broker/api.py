@@ -1,5 +1,6 @@
 """The REST API under /api/v1/: authenticate, parse, one core call, render (docs/api.md)."""
 
+import dataclasses
 import json
 from typing import Any
 
@@ -213,29 +214,13 @@ def group_out(info: GroupInfo) -> dict[str, Any]:
         "generation": info.generation,
         "strategy": info.strategy,
         "topics": [group_topic_out(t) for t in info.topics],
-        "members": [
-            {
-                "member_id": m.member_id,
-                "topic": m.topic,
-                "partitions": list(m.partitions),
-                "joined_ms": m.joined_ms,
-                "heartbeat_ms": m.heartbeat_ms,
-            }
-            for m in info.members
-        ],
+        # The member records' fields are the wire's fields.
+        "members": [dataclasses.asdict(m) for m in info.members],
     }
 
 
 def member_out(info: MemberInfo) -> dict[str, Any]:
-    return {
-        "group": info.group,
-        "member_id": info.member_id,
-        "topic": info.topic,
-        "generation": info.generation,
-        "partitions": list(info.partitions),
-        "session_timeout_ms": info.session_timeout_ms,
-        "heartbeat_interval_ms": info.heartbeat_interval_ms,
-    }
+    return dataclasses.asdict(info)
 
 
 def json_response(body: dict[str, Any], status: int = 200) -> HttpResponse:
