@@ -411,6 +411,14 @@ def leave_group(request: AuthedRequest, group: str, member_id: str) -> Status[No
     return Status(204, None)
 
 
+@api.patch("/groups/{group}", response=schemas.GroupOut, tags=["groups"])
+def configure_group(request: AuthedRequest, group: str, body: schemas.GroupPatch) -> dict[str, Any]:
+    info = membership.configure_group(
+        request.auth, group, strategy=body.strategy, session_timeout_ms=body.session_timeout_ms
+    )
+    return group_out(info)
+
+
 @api.post("/groups/{group}/reset", response=schemas.GroupTopicOut, tags=["groups"])
 def reset(request: AuthedRequest, group: str, body: schemas.ResetIn) -> dict[str, Any]:
     offsets = {o.partition: o.offset for o in body.offsets or []}

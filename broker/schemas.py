@@ -272,6 +272,13 @@ class CommitIn(In):
     offsets: list[PartitionOffsetIn] = Field(min_length=1)
 
 
+class GroupPatch(In):
+    """Group settings to change; a field left out keeps its value."""
+
+    strategy: Literal["range", "round_robin", "sticky"] | None = None
+    session_timeout_ms: int | None = None
+
+
 class ResetIn(In):
     """Where to move the group's committed offsets on topic (Kafka's --reset-offsets)."""
 

@@ -4,10 +4,10 @@ import argparse
 import datetime
 from typing import Any
 
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 
 from broker.cli import table
-from broker.core import groups, keys
+from broker.core import groups, keys, membership
 
 
 def add_parser(nouns: "argparse._SubParsersAction[Any]") -> None:
@@ -21,6 +21,13 @@ def add_parser(nouns: "argparse._SubParsersAction[Any]") -> None:
     )
     describe.add_argument("group")
     describe.set_defaults(handler=handle_describe)
+    configure = verbs.add_parser(
+        "configure", help="Set a group's assignment strategy or session timeout."
+    )
+    configure.add_argument("group")
+    configure.add_argument("--strategy", choices=("range", "round_robin", "sticky"))
+    configure.add_argument("--session-timeout-ms", type=int, metavar="MS")
+    configure.set_defaults(handler=handle_configure)
     reset = verbs.add_parser(
         "reset", help="Move the group's committed offsets on a topic (replay or skip)."
     )
@@ -85,6 +92,22 @@ def handle_describe(command: BaseCommand, options: dict[str, Any]) -> None:
         ],
     )
     command.stdout.write(f"{settings}\n\n{offsets}\n\n{members}")
+
+
+def handle_configure(command: BaseCommand, options: dict[str, Any]) -> None:
+    if options["strategy"] is None and options["session_timeout_ms"] is None:
+        raise CommandError("Give --strategy and/or --session-timeout-ms.")
+    info = membership.configure_group(
+        keys.CONSOLE,
+        options["group"],
+        strategy=options["strategy"],
+        session_timeout_ms=options["session_timeout_ms"],
+    )
+    command.stdout.write(
+        table.fields(
+            [("group", info.name), ("generation", info.generation), ("strategy", info.strategy)]
+        )
+    )
 
 
 def handle_reset(command: BaseCommand, options: dict[str, Any]) -> None:

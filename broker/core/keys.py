@@ -60,12 +60,12 @@ def require(principal: Principal, topic: str, action: str) -> None:
 
 
 def require_superuser(principal: Principal) -> None:
-    """Managing keys needs admin on every topic ('admin:*') or the console."""
+    """Managing keys and groups needs admin on every topic ('admin:*') or the console."""
     if principal.is_system or any(
         p.action == "admin" and p.pattern == "*" for p in principal.permissions
     ):
         return
-    raise errors.PermissionDenied("Only an 'admin:*' key may manage API keys.")
+    raise errors.PermissionDenied("Only an 'admin:*' key may manage API keys and groups.")
 
 
 def hash_key(secret: str) -> str:

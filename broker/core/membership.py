@@ -12,7 +12,7 @@ from django.db import transaction
 from broker import models
 from broker import settings as ferry_settings
 from broker.core import assignment, errors, groups, keys, log, topics
-from broker.core.records import MemberInfo, MemberSummary, Principal
+from broker.core.records import GroupInfo, MemberInfo, MemberSummary, Principal
 
 MEMBER_ID_MAX = 100
 
@@ -76,6 +76,51 @@ def rebalance(group: models.ConsumerGroup, topic_id: int) -> None:
             changed.append(lease)
     models.PartitionLease.objects.bulk_create(created)
     models.PartitionLease.objects.bulk_update(changed, ["member_id", "generation"])
+
+
+SESSION_TIMEOUT_MS_RANGE = (1_000, 3_600_000)
+
+
+def configure_group(
+    principal: Principal,
+    group_name: str,
+    *,
+    strategy: str | None = None,
+    session_timeout_ms: int | None = None,
+) -> GroupInfo:
+    """Set a group's assignment strategy or session timeout; a new strategy rebalances at once.
+
+    An operator's action: it needs an 'admin:*' key (or the console), like managing keys.
+    """
+    keys.require_superuser(principal)
+    groups.validate_group_name(group_name)
+    if strategy is not None and strategy not in assignment.STRATEGIES:
+        raise errors.InvalidRequest(
+            f"strategy is one of {', '.join(assignment.STRATEGIES)}.", strategy=strategy
+        )
+    low, high = SESSION_TIMEOUT_MS_RANGE
+    if session_timeout_ms is not None and not low <= session_timeout_ms <= high:
+        raise errors.InvalidRequest(
+            f"session_timeout_ms is {low} to {high}.", session_timeout_ms=session_timeout_ms
+        )
+    with transaction.atomic(durable=True):
+        group = locked_group(group_name)
+        member_topics = set(
+            models.GroupMember.objects.filter(group=group).values_list("topic_id", flat=True)
+        )
+        changed = []
+        if strategy is not None and strategy != group.strategy:
+            group.strategy = strategy
+            changed.append("strategy")
+        if session_timeout_ms is not None:
+            group.session_timeout_ms = session_timeout_ms
+            changed.append("session_timeout_ms")
+        if changed:
+            group.save(update_fields=changed)
+        if "strategy" in changed:
+            for topic_id in sorted(member_topics):
+                rebalance(group, topic_id)
+    return groups.describe_group(principal, group_name)
 
 
 def rebalance_topic(topic: models.Topic) -> None:

@@ -204,3 +204,21 @@ def test_describe_group__members_hidden_without_consume(api_client, client_facto
     body = payments_reader.get("/api/v1/groups/billing").json()
 
     assert body["members"] == []
+
+
+def test_configure_group__patch(api_client, client_factory, topic_factory):
+    topic_factory("orders", partitions=2)
+    api_client.post(
+        "/api/v1/groups/g/members", {"topic": "orders"}, content_type="application/json"
+    )
+    response = api_client.patch(
+        "/api/v1/groups/g", {"strategy": "range"}, content_type="application/json"
+    )
+    assert (response.status_code, response.json()["strategy"]) == (200, "range")
+    bad = api_client.patch("/api/v1/groups/g", {"strategy": "x"}, content_type="application/json")
+    assert bad.status_code == 422
+    reader = client_factory("consume:*")
+    denied = reader.patch(
+        "/api/v1/groups/g", {"strategy": "sticky"}, content_type="application/json"
+    )
+    assert denied.json()["error"]["code"] == "permission_denied"

@@ -78,3 +78,13 @@ def test_reset__to_offset_and_to_latest(ferry, topic_factory, console):
     assert groups.describe_group(console, "audit").topics[0].partitions[0].committed_offset == 1
     ferry("groups", "reset", "audit", "--topic", "payments", "--to-latest")
     assert groups.describe_group(console, "audit").topics[0].lag == 0
+
+
+def test_configure__strategy(ferry, topic_factory, console):
+    from broker.core import groups, membership
+
+    topic = topic_factory("jobs", partitions=2)
+    membership.join_group(console, "workers", topic.name, "a")
+    out = ferry("groups", "configure", "workers", "--strategy", "range")
+    assert "range" in out
+    assert groups.describe_group(console, "workers").strategy == "range"

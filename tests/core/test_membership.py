@@ -134,3 +134,25 @@ def test_list_groups__members_and_generation(topic_factory, console):
     membership.join_group(console, "g", topic.name, "a")
     [info] = groups.list_groups(console)
     assert (info.generation, [m.member_id for m in info.members]) == (1, ["a"])
+
+
+def test_configure_group__strategy_rebalances_and_timeout(topic_factory, console, key_factory):
+    topic = topic_factory(partitions=4)
+    membership.join_group(console, "g", topic.name, "a")
+    membership.join_group(console, "g", topic.name, "b")
+    info = membership.configure_group(console, "g", strategy="range", session_timeout_ms=5000)
+    assert (info.strategy, info.generation) == ("range", 3)
+    assert {m.member_id: m.partitions for m in info.members} == {"a": (0, 1), "b": (2, 3)}
+    models.GroupMember.objects.filter(member_id="b").update(heartbeat_ms=log.now_ms() - 6000)
+    assert membership.expire_members() == 1
+
+
+def test_configure_group__checks(topic_factory, console, key_factory):
+    topic_factory()
+    with pytest.raises(errors.InvalidRequest):
+        membership.configure_group(console, "g", strategy="random")
+    with pytest.raises(errors.InvalidRequest):
+        membership.configure_group(console, "g", session_timeout_ms=10)
+    limited, _ = key_factory("admin:orders.*")
+    with pytest.raises(errors.PermissionDenied):
+        membership.configure_group(limited, "g", strategy="range")
