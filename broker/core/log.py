@@ -1,4 +1,4 @@
-"""The partitioned log: append (batches, dedup, capacity), read, offsets, retention.
+"""The partitioned log: append (batches, dedup, capacity), read, offsets (retention.py trims).
 
 See docs/architecture.md#life-of-a-message and #locks. Offsets are assigned under the partition
 row lock inside the appending transaction, so they are contiguous and never reused.
@@ -280,7 +280,7 @@ def _store(
         p.bytes_stored += added_bytes[number]
         if topic.capacity is not None and p.next_offset - p.start_offset > topic.capacity:
             # drop_oldest: the reject policy raised above, before any insert.
-            _truncate(p, p.next_offset - topic.capacity)
+            truncate(p, p.next_offset - topic.capacity)
         p.save(update_fields=["next_offset", "start_offset", "bytes_stored"])
     events.messages_appended(topic.id, {p.number: p.next_offset for p in partitions.values()})
     return placed
@@ -309,7 +309,7 @@ def _insert_rows(rows: Sequence[tuple[object, ...]]) -> None:
         sqlite.execute(_sqlite_insert_sql(len(chunk)), [v for row in chunk for v in row])
 
 
-def _truncate(partition: models.Partition, new_start: int) -> int:
+def truncate(partition: models.Partition, new_start: int) -> int:
     """Delete messages below new_start and advance start_offset. Caller holds the partition lock."""
     if new_start <= partition.start_offset:
         return 0
@@ -438,64 +438,3 @@ def list_offsets(
         )
         for p in info.partitions
     ]
-
-
-def apply_retention(batch_size: int = 10_000) -> int:
-    """Delete messages past their topic's retention time or size; returns how many went."""
-    removed = 0
-    cutoff_now = now_ms()
-    topics_with_retention = models.Topic.objects.exclude(
-        retention_ms__isnull=True, retention_bytes__isnull=True
-    )
-    for topic in topics_with_retention:
-        for partition_id in topic.partitions.values_list("id", flat=True):
-            # Bounded batches keep each lock short; a long backlog takes several rounds.
-            while (count := _retain_partition(topic, partition_id, cutoff_now, batch_size)) > 0:
-                removed += count
-                if count < batch_size:
-                    break
-    return removed
-
-
-def _retain_partition(topic: models.Topic, partition_id: int, now: int, batch_size: int) -> int:
-    with transaction.atomic(durable=True):
-        # Partition lock: retention moves start_offset, which appends and drop_oldest also move.
-        p = models.Partition.objects.select_for_update().filter(id=partition_id).first()
-        if p is None or p.start_offset == p.next_offset:
-            return 0
-        new_start = p.start_offset
-        if topic.retention_ms is not None:
-            kept = (
-                models.Message.objects.filter(
-                    partition_id=p.id, timestamp_ms__gte=now - topic.retention_ms
-                )
-                .order_by("timestamp_ms", "offset")
-                .values_list("offset", flat=True)
-                .first()
-            )
-            new_start = p.next_offset if kept is None else max(new_start, kept)
-        if topic.retention_bytes is not None and p.bytes_stored > topic.retention_bytes:
-            excess = p.bytes_stored - topic.retention_bytes
-            sizes = (
-                models.Message.objects.filter(partition_id=p.id, offset__gte=p.start_offset)
-                .order_by("offset")
-                .values_list("offset", "size_bytes")
-            )
-            for offset, size in sizes.iterator(chunk_size=2000):
-                if excess <= 0:
-                    break
-                excess -= size
-                new_start = max(new_start, offset + 1)
-        new_start = min(new_start, p.start_offset + batch_size)
-        removed = _truncate(p, new_start)
-        if removed:
-            p.save(update_fields=["start_offset", "bytes_stored"])
-    return removed
-
-
-def purge_produced_ids() -> int:
-    """Forget client message ids older than the dedup window."""
-    cutoff_ms = now_ms() - ferry_settings.get("DEDUP_WINDOW_SECONDS") * 1000
-    with transaction.atomic(durable=True):
-        deleted, _ = models.ProducedId.objects.filter(created_ms__lt=cutoff_ms).delete()
-    return deleted

@@ -31,8 +31,12 @@ JOBS: tuple[Job, ...] = (
     Job(
         "expire_members", "broker.core.membership.expire_members", "MEMBER_EXPIRY_INTERVAL_SECONDS"
     ),
-    Job("apply_retention", "broker.core.log.apply_retention", "RETENTION_INTERVAL_SECONDS"),
-    Job("purge_produced_ids", "broker.core.log.purge_produced_ids", "DEDUP_PURGE_INTERVAL_SECONDS"),
+    Job("apply_retention", "broker.core.retention.apply_retention", "RETENTION_INTERVAL_SECONDS"),
+    Job(
+        "purge_produced_ids",
+        "broker.core.retention.purge_produced_ids",
+        "DEDUP_PURGE_INTERVAL_SECONDS",
+    ),
 )
 
 BY_NAME = {job.name: job for job in JOBS}
