@@ -61,6 +61,41 @@ def test_long_poll__woken_by_a_produce_on_another_process(redis_url, key_factory
     assert 0.6 < elapsed < 5, elapsed
 
 
+def test_long_poll__times_out_then_wakes_again_on_redis(redis_url, key_factory, topic_factory):
+    """A long poll that ran out of time leaves the Redis layer fit for the next one."""
+    topic = topic_factory()
+    _, secret = key_factory("admin:*")
+    headers = {"Authorization": f"Bearer {secret}"}
+    server, url = start_daphne(REDIS_URL=redis_url)
+    fetch_url = f"{url}/api/v1/topics/{topic.name}/partitions/0/messages"
+    try:
+        started = time.monotonic()
+        empty = httpx.get(fetch_url, params={"offset": 0, "max_wait_ms": 500}, headers=headers)
+        assert empty.json()["messages"] == []
+        assert time.monotonic() - started >= 0.45
+
+        def produce_later():
+            time.sleep(0.5)
+            httpx.post(
+                f"{url}/api/v1/topics/{topic.name}/messages",
+                json={"messages": [{"value": 1}]},
+                headers=headers,
+            ).raise_for_status()
+
+        producer = threading.Thread(target=produce_later)
+        producer.start()
+        started = time.monotonic()
+        woken = httpx.get(
+            fetch_url, params={"offset": 0, "max_wait_ms": 15_000}, headers=headers, timeout=30
+        )
+        elapsed = time.monotonic() - started
+        producer.join()
+    finally:
+        stop(server)
+    assert [m["value"] for m in woken.json()["messages"]] == [1]
+    assert elapsed < 5, elapsed
+
+
 def start_worker(redis_url, schedule_dir, *args, **env):
     """A Celery worker (with -B, also beat) on this run's database and Redis."""
     return subprocess.Popen(
