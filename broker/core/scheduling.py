@@ -109,6 +109,7 @@ def schedule_in_transaction(
     }
     released = log.known_ids(topic.id, ids, now_ms) if ids else {}
     seen: dict[str, int] = {}
+    duplicate_of: dict[int, int] = {}
     rows: list[tuple[int, models.ScheduledMessage]] = []
     for index, message, due in delayed:
         client_id = message.client_id
@@ -122,7 +123,7 @@ def schedule_in_transaction(
                 results[index] = AppendResult(partition, offset, True)
                 continue
             if client_id in seen:
-                results[index] = AppendResult(None, None, True, None, None)
+                duplicate_of[index] = seen[client_id]
                 continue
             seen[client_id] = index
         rows.append(
@@ -146,12 +147,10 @@ def schedule_in_transaction(
     for (index, _), row in zip(rows, created, strict=True):
         results[index] = AppendResult(None, None, False, row.id, row.due_ms)
     # A repeated id inside the batch points at the first one's schedule.
-    for index, message, _ in delayed:
-        first = seen.get(message.client_id or "")
-        if first is not None and first != index and message.client_id is not None:
-            original = results[first]
-            if original is not None:
-                results[index] = original._replace(duplicate=True)
+    for index, first in duplicate_of.items():
+        original = results[first]
+        if original is not None:
+            results[index] = original._replace(duplicate=True)
 
 
 def _info(row: models.ScheduledMessage, topic_name: str) -> ScheduledInfo:

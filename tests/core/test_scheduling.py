@@ -153,3 +153,15 @@ def test_release_due__in_batches(topic_factory, console):
     make_due()
     assert scheduling.release_due(batch_size=10) == 25
     assert sum(end_offsets(topic.name)) == 25
+
+
+def test_append_messages__delayed_id_repeated_in_one_batch(topic_factory, console):
+    topic = topic_factory()
+    first, again = log.append_messages(
+        console,
+        topic.name,
+        [delayed(1, client_id="a", delay_ms=9000), delayed(2, client_id="a", delay_ms=9000)],
+    )
+    assert (first.duplicate, again.duplicate) == (False, True)
+    assert again.scheduled_id == first.scheduled_id
+    assert models.ScheduledMessage.objects.count() == 1
