@@ -16,7 +16,17 @@ from ninja.renderers import BaseRenderer
 from ninja.security import HttpBearer
 
 from broker import schemas, wire
-from broker.core import dbthreads, errors, groups, keys, log, membership, scheduling, topics
+from broker.core import (
+    dbthreads,
+    delivery,
+    errors,
+    groups,
+    keys,
+    log,
+    membership,
+    scheduling,
+    topics,
+)
 from broker.core.records import (
     GroupInfo,
     GroupTopicOffsets,
@@ -39,6 +49,8 @@ STATUS_BY_CODE = {
     "api_key_not_found": 404,
     "scheduled_not_found": 404,
     "member_not_found": 404,
+    "dead_letter_not_found": 404,
+    "stale_generation": 409,
     "group_has_members": 409,
     "topic_exists": 409,
     "api_key_exists": 409,
@@ -364,14 +376,31 @@ def cancel_scheduled(
 
 @api.post("/groups/{group}/poll", response=schemas.PollOut, tags=["groups"])
 async def poll(request: AuthedRequest, group: str, body: schemas.PollIn) -> HttpResponse:
+    if body.member_id is not None:
+        delivered = await delivery.deliver_messages_async(
+            request.auth,
+            group,
+            body.topic,
+            body.member_id,
+            body.max_messages,
+            auto_ack=body.auto_commit,
+            max_wait_ms=body.max_wait_ms,
+        )
+        return json_response(
+            {
+                "group": delivered.group,
+                "topic": delivered.topic,
+                "messages": [wire.delivery_out(d) for d in delivered.deliveries],
+                "next_offsets": [],
+                "committed": body.auto_commit,
+                "member_id": delivered.member_id,
+                "generation": delivered.generation,
+                "filtered": delivered.filtered,
+                "expired": delivered.expired,
+            }
+        )
     result = await groups.poll_messages_async(
-        request.auth,
-        group,
-        body.topic,
-        body.max_messages,
-        body.auto_commit,
-        body.max_wait_ms,
-        member_id=body.member_id,
+        request.auth, group, body.topic, body.max_messages, body.auto_commit, body.max_wait_ms
     )
     return json_response(
         {

@@ -18,6 +18,10 @@ class Topic(models.Model):
     overflow_policy = models.CharField(
         max_length=16, choices=Overflow.choices, default=Overflow.REJECT
     )
+    # A message older than this when a group would deliver it is dead-lettered (reason "expired").
+    message_ttl_ms = models.BigIntegerField(null=True, blank=True)
+    # Record per-delivery trace events (delivered, acked, nacked); retries and dead letters always.
+    trace = models.BooleanField(default=False)
     created_at = models.DateTimeField(auto_now_add=True)
 
     def __str__(self) -> str:
@@ -120,8 +124,19 @@ class ScheduledMessage(models.Model):
 
 
 class ConsumerGroup(models.Model):
+    class Mode(models.TextChoices):
+        CLUSTERING = "clustering"  # each message to one member
+        BROADCAST = "broadcast"  # every member gets every message, with its own offsets
+
     name = models.CharField(max_length=200, unique=True)
     created_at = models.DateTimeField(auto_now_add=True)
+    mode = models.CharField(max_length=16, choices=Mode.choices, default=Mode.CLUSTERING)
+    # At most one message of a partition in flight; a failure blocks the partition (ordered mode).
+    ordered = models.BooleanField(default=False)
+    ack_deadline_ms = models.PositiveIntegerField(default=30_000)
+    max_attempts = models.PositiveIntegerField(default=16)
+    # Backoff before redelivery after the n-th failure; empty means RocketMQ's levels.
+    retry_delays_ms = models.JSONField(default=list, blank=True)
     # How partitions are spread over members: broker/core/assignment.py.
     strategy = models.CharField(max_length=20, default="sticky")
     # Bumped by every rebalance; a member's view of its partitions carries it.
@@ -140,6 +155,8 @@ class GroupMember(models.Model):
     topic = models.ForeignKey(Topic, on_delete=models.CASCADE, related_name="members")
     joined_ms = models.BigIntegerField()
     heartbeat_ms = models.BigIntegerField(db_index=True)
+    # The subscription filter (broker/core/filters.py) as given; null delivers everything.
+    filter = models.JSONField(null=True, blank=True)
 
     class Meta:
         constraints = [
@@ -168,20 +185,113 @@ class PartitionLease(models.Model):
 
 
 class GroupOffset(models.Model):
-    """The committed offset of a group on one partition: the next offset the group will read."""
+    """A group's position on one partition (per member in broadcast mode).
+
+    committed_offset is the lowest offset not yet settled: the next offset the group reads after
+    a restart. delivered_offset is the next offset never delivered; the offsets between the two
+    are in flight (InFlight rows) or settled out of order.
+    """
 
     group = models.ForeignKey(ConsumerGroup, on_delete=models.CASCADE, related_name="offsets")
     partition = models.ForeignKey(Partition, on_delete=models.CASCADE, related_name="group_offsets")
+    # "" in clustering mode; the member id in broadcast mode, where each member has its offsets.
+    subscriber = models.CharField(max_length=100, default="", blank=True)
     committed_offset = models.BigIntegerField(default=0)
+    delivered_offset = models.BigIntegerField(default=0)
+    # Messages the subscription filter skipped: they advance the offsets and are not lag.
+    filtered_count = models.BigIntegerField(default=0)
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
         constraints = [
-            models.UniqueConstraint(fields=["group", "partition"], name="groupoffset_uniq")
+            models.UniqueConstraint(
+                fields=["group", "partition", "subscriber"], name="groupoffset_uniq"
+            )
         ]
 
     def __str__(self) -> str:
         return f"{self.group_id}:{self.partition_id}={self.committed_offset}"
+
+
+class InFlight(models.Model):
+    """A delivered message not yet settled, or one waiting for its retry (docs/semantics.md)."""
+
+    class State(models.TextChoices):
+        DELIVERED = "delivered"  # with a member until acked, nacked or deadline_ms passes
+        RETRY_WAIT = "retry_wait"  # redelivered to the group once deadline_ms passes
+
+    group = models.ForeignKey(ConsumerGroup, on_delete=models.CASCADE, related_name="in_flight")
+    partition = models.ForeignKey(Partition, on_delete=models.CASCADE, related_name="in_flight")
+    subscriber = models.CharField(max_length=100, default="", blank=True)
+    offset = models.BigIntegerField()
+    state = models.CharField(max_length=12, choices=State.choices)
+    member_id = models.CharField(max_length=100)
+    # Names this delivery; a redelivery gets a new one, so a stale receipt settles nothing.
+    receipt = models.CharField(max_length=32, unique=True)
+    attempt = models.PositiveIntegerField(default=1)
+    deadline_ms = models.BigIntegerField()
+    last_error = models.TextField(default="", blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["group", "partition", "subscriber", "offset"], name="inflight_uniq"
+            )
+        ]
+        # The deadline sweep reads expired deliveries by (state, deadline_ms).
+        indexes = [models.Index(fields=["state", "deadline_ms"], name="inflight_state_deadline")]
+
+    def __str__(self) -> str:
+        return f"{self.group_id}:{self.partition_id}@{self.offset}"
+
+
+class DeadLetter(models.Model):
+    """A message a group gave up on: its coordinates, why, and a copy of it (retention-proof)."""
+
+    group = models.ForeignKey(ConsumerGroup, on_delete=models.CASCADE, related_name="dead_letters")
+    topic = models.ForeignKey(Topic, on_delete=models.CASCADE, related_name="dead_letters")
+    subscriber = models.CharField(max_length=100, default="", blank=True)
+    partition_number = models.PositiveIntegerField()
+    offset = models.BigIntegerField()
+    reason = models.CharField(max_length=20)  # max_attempts | rejected | expired
+    attempts = models.PositiveIntegerField()
+    last_error = models.TextField(default="", blank=True)
+    dead_ms = models.BigIntegerField()
+    timestamp_ms = models.BigIntegerField()
+    key = models.CharField(max_length=1024, null=True, blank=True)
+    tag = models.CharField(max_length=200, null=True, blank=True)
+    headers = models.JSONField(default=dict, blank=True)
+    value = models.BinaryField()
+    is_json = models.BooleanField(default=True)
+    client_id = models.CharField(max_length=200, null=True, blank=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["group", "id"], name="deadletter_group_id_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.group_id}:{self.topic_id}/{self.partition_number}@{self.offset}"
+
+
+class TraceEvent(models.Model):
+    """One step in a message's life (produced, delivered, acked, retried, dead-lettered, ...)."""
+
+    topic = models.ForeignKey(Topic, on_delete=models.CASCADE, related_name="trace_events")
+    partition_number = models.PositiveIntegerField()
+    offset = models.BigIntegerField()
+    at_ms = models.BigIntegerField(db_index=True)
+    event = models.CharField(max_length=20)
+    group = models.CharField(max_length=200, default="", blank=True)
+    member_id = models.CharField(max_length=100, default="", blank=True)
+    attempt = models.PositiveIntegerField(null=True, blank=True)
+    detail = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["topic", "partition_number", "offset"], name="trace_message_idx")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.topic_id}/{self.partition_number}@{self.offset}:{self.event}"
 
 
 class ApiKey(models.Model):

@@ -224,9 +224,15 @@ class PollIn(In):
     topic: str
     max_messages: int = 100
     max_wait_ms: int = 0
-    auto_commit: bool = False
+    auto_commit: bool = Field(
+        False,
+        description="Settle the messages as they are handed out (at most once). Without a "
+        "member_id: move the group's offsets past them.",
+    )
     member_id: str | None = Field(
-        None, description="Poll as this member: only its partitions; counts as a heartbeat."
+        None,
+        description="Poll as this member: its partitions (or all, in broadcast mode), its "
+        "filter, receipts to ack; counts as a heartbeat.",
     )
 
 
@@ -259,12 +265,24 @@ class PartitionOffsetOut(Schema):
     offset: int
 
 
+class PolledMessageOut(MessageOut):
+    receipt: str | None = Field(
+        None, description="Names this delivery in ack, nack, reject and extend (member polls)."
+    )
+    attempt: int | None = Field(None, description="1 on first delivery, then one per redelivery.")
+    deadline_ms: int | None = Field(None, description="Redelivered if not settled by then.")
+
+
 class PollOut(Schema):
     group: str
     topic: str
-    messages: list[MessageOut]
+    messages: list[PolledMessageOut]
     next_offsets: list[PartitionOffsetOut]
     committed: bool
+    member_id: str | None = None
+    generation: int | None = None
+    filtered: int = Field(0, description="Messages the member's filter skipped in this poll.")
+    expired: int = Field(0, description="Messages past the topic's TTL, dead-lettered instead.")
 
 
 class CommitIn(In):

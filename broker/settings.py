@@ -34,6 +34,13 @@ class Defaults:
     DEDUP_PURGE_INTERVAL_SECONDS: float = 300.0
     # Due delayed messages are appended within this of their time (docs/semantics.md).
     SCHEDULER_INTERVAL_SECONDS: float = 0.2
+    # Acknowledged delivery: expired ack deadlines are turned into retries this often.
+    ACK_SWEEP_INTERVAL_SECONDS: float = 1.0
+    # The longest ack deadline a group or an extend may ask for.
+    MAX_ACK_DEADLINE_MS: int = 12 * 3600 * 1000
+    # Message trace events are kept this long, and purged this often.
+    TRACE_RETENTION_SECONDS: int = 7 * 24 * 3600
+    TRACE_PURGE_INTERVAL_SECONDS: float = 300.0
 
 
 _ENV_NAMES = {name: f"FERRY_{name}" for name in Defaults.__dataclass_fields__}

@@ -9,7 +9,7 @@ from typing import Any
 
 import orjson
 
-from broker.core.records import ScheduledInfo, StoredMessage
+from broker.core.records import Delivery, ScheduledInfo, StoredMessage
 
 EMPTY_HEADERS = orjson.Fragment("{}")
 
@@ -31,6 +31,17 @@ def message_out(m: StoredMessage) -> dict[str, Any]:
         "headers": EMPTY_HEADERS if m.headers_json == "{}" else orjson.Fragment(m.headers_json),
         "id": m.client_id,
         **value_fields(m.value, m.is_json),
+    }
+
+
+def delivery_out(d: Delivery) -> dict[str, Any]:
+    """A message handed to a member, with what it needs to settle it."""
+    return {
+        **message_out(d.message),
+        # An auto-acked delivery has nothing left to settle.
+        "receipt": d.receipt or None,
+        "attempt": d.attempt,
+        "deadline_ms": d.deadline_ms if d.receipt else None,
     }
 
 

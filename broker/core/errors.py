@@ -117,6 +117,19 @@ class GroupNotFound(BrokerError):
     template = "No consumer group named {group!r}."
 
 
+class StaleGeneration(BrokerError):
+    """The group rebalanced since this member's generation, or the partition is not its own."""
+
+    code = "stale_generation"
+
+
+class DeadLetterNotFound(BrokerError):
+    """The group's dead-letter queue has no letter with that id."""
+
+    code = "dead_letter_not_found"
+    template = "Group {group!r} has no dead letter {id}."
+
+
 class TopicFull(BrokerError):
     """The partition is at the topic's capacity and its overflow policy is reject."""
 

@@ -18,6 +18,8 @@ from broker.core import dbthreads
 logger = logging.getLogger(__name__)
 
 MESSAGES_APPENDED = "ferry.messages_appended"
+# Messages of the topic are deliverable again: retries came due, nacks, redrives, a member left.
+MESSAGES_RETURNED = "ferry.messages_returned"
 
 T = TypeVar("T")
 
@@ -71,6 +73,11 @@ def messages_appended(topic_id: int, end_offsets: dict[int, int]) -> None:
             "end_offsets": {str(p): o for p, o in end_offsets.items()},
         },
     )
+
+
+def messages_returned(topic_id: int) -> None:
+    """Announce, after commit (at once outside a transaction), that retries are deliverable."""
+    publish_on_commit(topic_group(topic_id), {"type": MESSAGES_RETURNED, "topic_id": topic_id})
 
 
 async def long_poll(

@@ -7,14 +7,17 @@ topic from the beginning" (docs/decisions/0004-new-group-starts-at-earliest.md).
 
 import itertools
 import threading
+from collections.abc import Iterable
 
 from django.db import transaction
+from django.db.models import Count
 
 from broker import models
 from broker import settings as ferry_settings
 from broker.core import dbthreads, errors, events, keys, log, membership, topics
 from broker.core.records import (
     GroupInfo,
+    GroupSettings,
     GroupTopicOffsets,
     Overview,
     PartitionLag,
@@ -35,7 +38,7 @@ def validate_group_name(name: str) -> None:
         )
 
 
-def _topic_for_consume(principal: Principal, topic_name: str) -> models.Topic:
+def topic_for_consume(principal: Principal, topic_name: str) -> models.Topic:
     topics.validate_name(topic_name)
     keys.require(principal, topic_name, "consume")
     topic = models.Topic.objects.filter(name=topic_name).first()
@@ -44,14 +47,26 @@ def _topic_for_consume(principal: Principal, topic_name: str) -> models.Topic:
     return topic
 
 
-def _ensure_offsets(group_name: str, topic: models.Topic) -> models.ConsumerGroup:
-    """Create the group and its offset rows for every partition. Caller holds the transaction."""
-    group, _ = models.ConsumerGroup.objects.get_or_create(name=group_name)
-    partition_ids = list(topic.partitions.values_list("id", flat=True))
+def ensure_offsets(
+    group: models.ConsumerGroup, partition_ids: Iterable[int], subscriber: str
+) -> None:
+    """Create the group's offset rows for these partitions. Caller holds the transaction."""
     models.GroupOffset.objects.bulk_create(
-        [models.GroupOffset(group=group, partition_id=pid) for pid in partition_ids],
+        [
+            models.GroupOffset(group=group, partition_id=pid, subscriber=subscriber)
+            for pid in partition_ids
+        ],
         ignore_conflicts=True,
     )
+
+
+def _ensure_offsets(group_name: str, topic: models.Topic) -> models.ConsumerGroup:
+    """Create the group and its (group-wide) offset rows for every partition of the topic.
+
+    Caller holds the transaction.
+    """
+    group, _ = models.ConsumerGroup.objects.get_or_create(name=group_name)
+    ensure_offsets(group, topic.partitions.values_list("id", flat=True), "")
     return group
 
 
@@ -61,14 +76,12 @@ def poll_messages(
     topic_name: str,
     max_messages: int,
     auto_commit: bool,
-    member_id: str | None = None,
 ) -> PollResult:
     """The next messages after the group's committed offsets, across the topic's partitions.
 
     With auto_commit the offsets move past the returned messages in the same transaction, so
     concurrent pollers of one group never get the same message; without it the group sees the
-    same messages again until it commits. A member (member_id) reads only the partitions it
-    holds a lease on, and its poll counts as a heartbeat.
+    same messages again until it commits. Members poll through delivery.deliver_messages.
     """
     validate_group_name(group_name)
     limit = ferry_settings.get("MAX_FETCH_MESSAGES")
@@ -76,22 +89,17 @@ def poll_messages(
         raise errors.InvalidRequest(
             f"max_messages must be between 1 and {limit}.", max_messages=max_messages
         )
-    topic = _topic_for_consume(principal, topic_name)
+    topic = topic_for_consume(principal, topic_name)
     with transaction.atomic(durable=True):
         group = _ensure_offsets(group_name, topic)
-        held = None
-        if member_id is not None:
-            group, member = membership.touch_member(group_name, member_id, topic.id)
-            held = membership.held_partitions(group, member)
-        # Group offset locks (partition order): serialize pollers and committers of this group.
+        # Group offset locks (id order): serialize pollers and committers of this group.
         rows = list(
             models.GroupOffset.objects.select_for_update()
-            .filter(group=group, partition__topic=topic)
+            .filter(group=group, partition__topic=topic, subscriber="")
             .select_related("partition")
-            .order_by("partition__number")
+            .order_by("id")
         )
-        if held is not None:
-            rows = [row for row in rows if row.partition_id in held]
+        rows.sort(key=lambda row: row.partition.number)
         if rows and auto_commit:
             # Rotate the first partition read so one busy partition cannot starve the rest.
             # Without a commit the order stays fixed: the group sees the same messages again.
@@ -134,13 +142,12 @@ async def poll_messages_async(
     max_messages: int,
     auto_commit: bool,
     max_wait_ms: int,
-    member_id: str | None = None,
 ) -> PollResult:
     """poll_messages, waiting up to max_wait_ms for a message when there is none yet."""
     log.validate_max_wait(max_wait_ms)
     return await events.long_poll(
         lambda: dbthreads.run(
-            poll_messages, principal, group_name, topic_name, max_messages, auto_commit, member_id
+            poll_messages, principal, group_name, topic_name, max_messages, auto_commit
         ),
         is_empty=lambda r: not r.messages,
         topic_id_of=lambda r: r.topic_id,
@@ -149,27 +156,55 @@ async def poll_messages_async(
 
 
 def commit_offsets(
-    principal: Principal, group_name: str, topic_name: str, offsets: dict[int, int]
+    principal: Principal,
+    group_name: str,
+    topic_name: str,
+    offsets: dict[int, int],
+    *,
+    member_id: str | None = None,
+    generation: int | None = None,
 ) -> GroupTopicOffsets:
-    """Set the group's committed offsets for some partitions of a topic."""
+    """Set the group's committed offsets for some partitions of a topic (Kafka's commit).
+
+    The offset becomes the group's position: what is in flight on the partition is dropped.
+    With member_id (and generation) the commit is fenced like Kafka's: refused for a partition
+    the member does not hold or after a rebalance it has not seen.
+    """
     validate_group_name(group_name)
-    topic = _topic_for_consume(principal, topic_name)
+    topic = topic_for_consume(principal, topic_name)
     if not offsets:
         raise errors.InvalidRequest("Name at least one partition's offset to commit.")
     with transaction.atomic(durable=True):
         group = _ensure_offsets(group_name, topic)
-        # Group offset locks (partition order): serialize with pollers of this group.
+        held = None
+        if member_id is not None:
+            group, member = membership.touch_member(group_name, member_id, topic.id)
+            if generation is not None and generation != group.generation:
+                raise errors.StaleGeneration(
+                    f"Generation {generation} is stale: group {group_name!r} is at "
+                    f"{group.generation}. Heartbeat to learn your partitions.",
+                    generation=generation,
+                    current_generation=group.generation,
+                )
+            held = membership.held_partitions(group, member)
+        # Group offset locks (id order): serialize with pollers and deliveries of this group.
         rows = {
             row.partition.number: row
             for row in models.GroupOffset.objects.select_for_update()
-            .filter(group=group, partition__topic=topic)
+            .filter(group=group, partition__topic=topic, subscriber="")
             .select_related("partition")
-            .order_by("partition__number")
+            .order_by("id")
         }
         for number, offset in sorted(offsets.items()):
             row = rows.get(number)
             if row is None:
                 raise errors.PartitionNotFound(topic=topic_name, partition=number)
+            if held is not None and row.partition_id not in held:
+                raise errors.StaleGeneration(
+                    f"Member {member_id!r} does not hold partition {number}.",
+                    partition=number,
+                    current_generation=group.generation,
+                )
             if not 0 <= offset <= row.partition.next_offset:
                 raise errors.OffsetOutOfRange(
                     f"Offset {offset} is past the end of partition {number} "
@@ -178,9 +213,17 @@ def commit_offsets(
                     offset=offset,
                     end_offset=row.partition.next_offset,
                 )
-            row.committed_offset = offset
-            row.save(update_fields=["committed_offset", "updated_at"])
+            _move(row, offset)
     return _group_topic_offsets(group_name, topic, list(rows.values()))
+
+
+def _move(row: models.GroupOffset, offset: int) -> None:
+    """Make offset the row's position, dropping its in-flight deliveries. Caller holds its lock."""
+    row.committed_offset = row.delivered_offset = offset
+    row.save(update_fields=["committed_offset", "delivered_offset", "updated_at"])
+    models.InFlight.objects.filter(
+        group_id=row.group_id, partition_id=row.partition_id, subscriber=row.subscriber
+    ).delete()
 
 
 RESET_TARGETS = ("earliest", "latest", "timestamp", "offsets")
@@ -208,27 +251,27 @@ def reset_offsets(
         raise errors.InvalidRequest("Resetting to a timestamp needs timestamp_ms.")
     if to == "offsets" and not offsets:
         raise errors.InvalidRequest("Resetting to offsets needs at least one partition's offset.")
-    topic = _topic_for_consume(principal, topic_name)
+    topic = topic_for_consume(principal, topic_name)
     with transaction.atomic(durable=True):
         group = membership.locked_group(group_name)
         if not force and models.GroupMember.objects.filter(group=group, topic=topic).exists():
             raise errors.GroupHasMembers(group=group_name, topic=topic_name)
         _ensure_offsets(group_name, topic)
-        # Group offset locks (partition order), after the group lock.
-        rows = {
-            row.partition.number: row
-            for row in models.GroupOffset.objects.select_for_update()
+        # Group offset locks (id order), after the group lock; every subscriber's rows.
+        rows = list(
+            models.GroupOffset.objects.select_for_update()
             .filter(group=group, partition__topic=topic)
             .select_related("partition")
-            .order_by("partition__number")
-        }
+            .order_by("id")
+        )
         wanted = offsets or {}
         if to == "offsets":
+            numbers = {row.partition.number for row in rows}
             for number in wanted:
-                if number not in rows:
+                if number not in numbers:
                     raise errors.PartitionNotFound(topic=topic_name, partition=number)
-        for number, row in rows.items():
-            p = row.partition
+        for row in rows:
+            p, number = row.partition, row.partition.number
             if to == "earliest":
                 target = p.start_offset
             elif to == "latest":
@@ -246,18 +289,23 @@ def reset_offsets(
                     )
             else:
                 continue
-            row.committed_offset = target
-            row.save(update_fields=["committed_offset", "updated_at"])
-    return _group_topic_offsets(group_name, topic, list(rows.values()))
+            _move(row, target)
+    return _group_topic_offsets(group_name, topic, [r for r in rows if r.subscriber == ""])
 
 
 def _group_topic_offsets(
-    group_name: str, topic: models.Topic, rows: list[models.GroupOffset]
+    group_name: str,
+    topic: models.Topic,
+    rows: list[models.GroupOffset],
+    in_flight: dict[tuple[int, int, str], int] | None = None,
 ) -> GroupTopicOffsets:
+    if in_flight is None:
+        in_flight = _in_flight_counts({"group_id__in": {row.group_id for row in rows}})
     return GroupTopicOffsets(
         group=group_name,
         topic=topic.name,
         capacity=topic.capacity,
+        subscriber=rows[0].subscriber if rows else "",
         partitions=tuple(
             PartitionLag(
                 partition=row.partition.number,
@@ -265,10 +313,22 @@ def _group_topic_offsets(
                 committed_offset=max(row.committed_offset, row.partition.start_offset),
                 start_offset=row.partition.start_offset,
                 end_offset=row.partition.next_offset,
+                in_flight=in_flight.get((row.group_id, row.partition_id, row.subscriber), 0),
+                filtered=row.filtered_count,
             )
             for row in sorted(rows, key=lambda r: r.partition.number)
         ),
     )
+
+
+def _in_flight_counts(group_filter: dict[str, object]) -> dict[tuple[int, int, str], int]:
+    return {
+        (g, p, s): n
+        for g, p, s, n in models.InFlight.objects.filter(**group_filter)
+        .values("group_id", "partition_id", "subscriber")
+        .annotate(n=Count("id"))
+        .values_list("group_id", "partition_id", "subscriber", "n")
+    }
 
 
 def _offsets_by_group(
@@ -277,18 +337,19 @@ def _offsets_by_group(
     rows = (
         models.GroupOffset.objects.filter(**group_filter)
         .select_related("group", "partition__topic")
-        .order_by("group__name", "partition__topic__name", "partition__number")
+        .order_by("group__name", "partition__topic__name", "subscriber", "partition__number")
     )
+    in_flight = _in_flight_counts(group_filter)
     by_group: dict[str, list[GroupTopicOffsets]] = {}
-    for (group_name, _), topic_rows in itertools.groupby(
-        rows, key=lambda r: (r.group.name, r.partition.topic_id)
+    for (group_name, _, _), topic_rows in itertools.groupby(
+        rows, key=lambda r: (r.group.name, r.partition.topic_id, r.subscriber)
     ):
         topic_rows_list = list(topic_rows)
         topic = topic_rows_list[0].partition.topic
         if not keys.allows(principal, topic.name, "consume"):
             continue
         by_group.setdefault(group_name, []).append(
-            _group_topic_offsets(group_name, topic, topic_rows_list)
+            _group_topic_offsets(group_name, topic, topic_rows_list, in_flight)
         )
     return by_group
 
@@ -316,6 +377,18 @@ def _group_info(
         generation=group.generation,
         strategy=group.strategy,
         members=tuple(members),
+        settings=settings_of(group),
+        dead_letters=models.DeadLetter.objects.filter(group=group).count(),
+    )
+
+
+def settings_of(group: models.ConsumerGroup) -> GroupSettings:
+    return GroupSettings(
+        mode=group.mode,
+        ordered=group.ordered,
+        ack_deadline_ms=group.ack_deadline_ms,
+        max_attempts=group.max_attempts,
+        retry_delays_ms=tuple(group.retry_delays_ms or ()),
     )
 
 

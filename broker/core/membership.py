@@ -6,12 +6,13 @@ so two members never hold one partition, whichever broker process serves them.
 """
 
 import uuid
+from typing import Any
 
 from django.db import transaction
 
 from broker import models
 from broker import settings as ferry_settings
-from broker.core import assignment, errors, groups, keys, log, topics
+from broker.core import assignment, delivery, errors, filters, groups, keys, log, topics
 from broker.core.records import GroupInfo, MemberInfo, MemberSummary, Principal
 
 MEMBER_ID_MAX = 100
@@ -57,7 +58,11 @@ def rebalance(group: models.ConsumerGroup, topic_id: int) -> None:
         for pid, lease in leases.items()
         if lease.member_id is not None
     }
-    owners = assignment.assign(group.strategy, members, sorted(partitions), previous)
+    if group.mode == models.ConsumerGroup.Mode.BROADCAST:
+        # Every member reads every partition from its own offsets: no partition has one holder.
+        owners: dict[int, str] = {}
+    else:
+        owners = assignment.assign(group.strategy, members, sorted(partitions), previous)
     group.generation += 1
     group.save(update_fields=["generation"])
     changed, created = [], []
@@ -79,6 +84,44 @@ def rebalance(group: models.ConsumerGroup, topic_id: int) -> None:
 
 
 SESSION_TIMEOUT_MS_RANGE = (1_000, 3_600_000)
+MAX_ATTEMPTS_RANGE = (1, 1000)
+MAX_RETRY_LEVELS = 100
+
+
+def _validate_settings(
+    strategy: str | None,
+    session_timeout_ms: int | None,
+    mode: str | None,
+    ack_deadline_ms: int | None,
+    max_attempts: int | None,
+    retry_delays_ms: list[int] | None,
+) -> None:
+    if strategy is not None and strategy not in assignment.STRATEGIES:
+        raise errors.InvalidRequest(
+            f"strategy is one of {', '.join(assignment.STRATEGIES)}.", strategy=strategy
+        )
+    if mode is not None and mode not in models.ConsumerGroup.Mode.values:
+        modes = ", ".join(models.ConsumerGroup.Mode.values)
+        raise errors.InvalidRequest(f"mode is one of {modes}.", mode=mode)
+    low, high = SESSION_TIMEOUT_MS_RANGE
+    if session_timeout_ms is not None and not low <= session_timeout_ms <= high:
+        raise errors.InvalidRequest(
+            f"session_timeout_ms is {low} to {high}.", session_timeout_ms=session_timeout_ms
+        )
+    if ack_deadline_ms is not None:
+        delivery.validate_ack_deadline(ack_deadline_ms)
+    low, high = MAX_ATTEMPTS_RANGE
+    if max_attempts is not None and not low <= max_attempts <= high:
+        raise errors.InvalidRequest(f"max_attempts is {low} to {high}.", max_attempts=max_attempts)
+    if retry_delays_ms is not None:
+        longest = ferry_settings.get("MAX_DELAY_SECONDS") * 1000
+        if len(retry_delays_ms) > MAX_RETRY_LEVELS or not all(
+            0 <= d <= longest for d in retry_delays_ms
+        ):
+            raise errors.InvalidRequest(
+                f"retry_delays_ms is up to {MAX_RETRY_LEVELS} delays of 0 to {longest} ms "
+                "(empty: RocketMQ's levels).",
+            )
 
 
 def configure_group(
@@ -87,34 +130,48 @@ def configure_group(
     *,
     strategy: str | None = None,
     session_timeout_ms: int | None = None,
+    mode: str | None = None,
+    ordered: bool | None = None,
+    ack_deadline_ms: int | None = None,
+    max_attempts: int | None = None,
+    retry_delays_ms: list[int] | None = None,
 ) -> GroupInfo:
-    """Set a group's assignment strategy or session timeout; a new strategy rebalances at once.
+    """Change how a group assigns and delivers; a field left out (None) keeps its value.
 
+    A new strategy rebalances at once; the mode changes only while the group has no members.
     An operator's action: it needs an 'admin:*' key (or the console), like managing keys.
     """
     keys.require_superuser(principal)
     groups.validate_group_name(group_name)
-    if strategy is not None and strategy not in assignment.STRATEGIES:
-        raise errors.InvalidRequest(
-            f"strategy is one of {', '.join(assignment.STRATEGIES)}.", strategy=strategy
-        )
-    low, high = SESSION_TIMEOUT_MS_RANGE
-    if session_timeout_ms is not None and not low <= session_timeout_ms <= high:
-        raise errors.InvalidRequest(
-            f"session_timeout_ms is {low} to {high}.", session_timeout_ms=session_timeout_ms
-        )
+    _validate_settings(
+        strategy, session_timeout_ms, mode, ack_deadline_ms, max_attempts, retry_delays_ms
+    )
+    given = {
+        "strategy": strategy,
+        "session_timeout_ms": session_timeout_ms,
+        "mode": mode,
+        "ordered": ordered,
+        "ack_deadline_ms": ack_deadline_ms,
+        "max_attempts": max_attempts,
+        "retry_delays_ms": retry_delays_ms,
+    }
     with transaction.atomic(durable=True):
         group = locked_group(group_name)
         member_topics = set(
             models.GroupMember.objects.filter(group=group).values_list("topic_id", flat=True)
         )
-        changed = []
-        if strategy is not None and strategy != group.strategy:
-            group.strategy = strategy
-            changed.append("strategy")
-        if session_timeout_ms is not None:
-            group.session_timeout_ms = session_timeout_ms
-            changed.append("session_timeout_ms")
+        changed = [
+            name
+            for name, value in given.items()
+            if value is not None and value != getattr(group, name)
+        ]
+        if "mode" in changed and member_topics:
+            raise errors.GroupHasMembers(
+                f"Group {group_name!r} has members: the mode changes only while it has none.",
+                group=group_name,
+            )
+        for name in changed:
+            setattr(group, name, given[name])
         if changed:
             group.save(update_fields=changed)
         if "strategy" in changed:
@@ -138,9 +195,9 @@ def rebalance_topic(topic: models.Topic) -> None:
 
 
 def _info(group: models.ConsumerGroup, member: models.GroupMember, topic_name: str) -> MemberInfo:
-    partitions = models.PartitionLease.objects.filter(
-        group=group, member_id=member.member_id, partition__topic_id=member.topic_id
-    ).values_list("partition__number", flat=True)
+    partitions = models.Partition.objects.filter(id__in=held_partitions(group, member)).values_list(
+        "number", flat=True
+    )
     return MemberInfo(
         group=group.name,
         member_id=member.member_id,
@@ -149,17 +206,28 @@ def _info(group: models.ConsumerGroup, member: models.GroupMember, topic_name: s
         partitions=tuple(sorted(partitions)),
         session_timeout_ms=group.session_timeout_ms,
         heartbeat_interval_ms=ferry_settings.get("HEARTBEAT_INTERVAL_MS"),
+        mode=group.mode,
+        filter=member.filter,
     )
 
 
 def join_group(
-    principal: Principal, group_name: str, topic_name: str, member_id: str | None = None
+    principal: Principal,
+    group_name: str,
+    topic_name: str,
+    member_id: str | None = None,
+    *,
+    filter: dict[str, Any] | None = None,
 ) -> MemberInfo:
-    """Join (or rejoin) a group as a consumer of a topic; returns the member's partitions."""
+    """Join (or rejoin) a group as a consumer of a topic with a subscription filter.
+
+    Returns the member's partitions; a rejoin may change the filter.
+    """
     groups.validate_group_name(group_name)
     topic = topics.get_topic(principal, topic_name, "consume")
     member_id = member_id or uuid.uuid4().hex
     _validate_member_id(member_id)
+    filters.parse_filter(filter)  # refuse a bad filter before anything is stored
     now = log.now_ms()
     with transaction.atomic(durable=True):
         group = locked_group(group_name)
@@ -167,14 +235,20 @@ def join_group(
         moved_from = None
         if member is None:
             member = models.GroupMember.objects.create(
-                group=group, member_id=member_id, topic_id=topic.id, joined_ms=now, heartbeat_ms=now
+                group=group,
+                member_id=member_id,
+                topic_id=topic.id,
+                joined_ms=now,
+                heartbeat_ms=now,
+                filter=filter,
             )
         else:
             if member.topic_id != topic.id:
                 moved_from = member.topic_id
             member.topic_id = topic.id
             member.heartbeat_ms = now
-            member.save(update_fields=["topic", "heartbeat_ms"])
+            member.filter = filter
+            member.save(update_fields=["topic", "heartbeat_ms", "filter"])
         rebalance(group, topic.id)
         if moved_from is not None:
             rebalance(group, moved_from)
@@ -215,6 +289,7 @@ def leave_group(principal: Principal, group_name: str, member_id: str) -> None:
         group, member = _member(group_name, member_id, lock=True)
         keys.require(principal, member.topic.name, "consume")
         member.delete()
+        _release_in_flight(group, [member_id], member.topic_id)
         rebalance(group, member.topic_id)
 
 
@@ -235,12 +310,26 @@ def expire_members() -> int:
             stale = models.GroupMember.objects.filter(
                 group=group, heartbeat_ms__lt=now - group.session_timeout_ms
             )
-            topic_ids = set(stale.values_list("topic_id", flat=True))
+            gone = list(stale.values_list("member_id", "topic_id"))
             count, _ = stale.delete()
             removed += count
-            for topic_id in sorted(topic_ids):
+            for topic_id in sorted({topic_id for _, topic_id in gone}):
+                _release_in_flight(group, [m for m, t in gone if t == topic_id], topic_id)
                 rebalance(group, topic_id)
     return removed
+
+
+def _release_in_flight(group: models.ConsumerGroup, member_ids: list[str], topic_id: int) -> None:
+    """Make what gone members held in flight deliverable again at once (no attempt is counted
+    as failed). Caller holds the group lock."""
+    released = models.InFlight.objects.filter(
+        group=group,
+        member_id__in=member_ids,
+        partition__topic_id=topic_id,
+        state=models.InFlight.State.DELIVERED,
+    ).update(state=models.InFlight.State.RETRY_WAIT, deadline_ms=log.now_ms())
+    if released:
+        delivery.wake(topic_id)
 
 
 def touch_member(
@@ -262,7 +351,14 @@ def touch_member(
 
 
 def held_partitions(group: models.ConsumerGroup, member: models.GroupMember) -> set[int]:
-    """Partition ids the member holds a lease on. Caller holds the group lock."""
+    """Partition ids the member reads: its leases, or in broadcast mode all of its topic's.
+
+    Caller holds the group lock.
+    """
+    if group.mode == models.ConsumerGroup.Mode.BROADCAST:
+        return set(
+            models.Partition.objects.filter(topic_id=member.topic_id).values_list("id", flat=True)
+        )
     return set(
         models.PartitionLease.objects.filter(group=group, member_id=member.member_id).values_list(
             "partition_id", flat=True
@@ -278,13 +374,17 @@ def list_members(group: models.ConsumerGroup) -> list[MemberSummary]:
     ).values_list("member_id", "partition__number"):
         if member_id is not None:
             held.setdefault(member_id, []).append(number)
+    broadcast = group.mode == models.ConsumerGroup.Mode.BROADCAST
     return [
         MemberSummary(
             member_id=m.member_id,
             topic=m.topic.name,
-            partitions=tuple(sorted(held.get(m.member_id, []))),
+            partitions=tuple(range(m.topic.partition_count))
+            if broadcast
+            else tuple(sorted(held.get(m.member_id, []))),
             joined_ms=m.joined_ms,
             heartbeat_ms=m.heartbeat_ms,
+            filter=m.filter,
         )
         for m in models.GroupMember.objects.filter(group=group)
         .select_related("topic")

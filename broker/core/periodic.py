@@ -31,6 +31,12 @@ JOBS: tuple[Job, ...] = (
     Job(
         "expire_members", "broker.core.membership.expire_members", "MEMBER_EXPIRY_INTERVAL_SECONDS"
     ),
+    Job(
+        "redeliver_expired",
+        "broker.core.delivery.redeliver_expired",
+        "ACK_SWEEP_INTERVAL_SECONDS",
+    ),
+    Job("purge_trace", "broker.core.trace.purge_trace", "TRACE_PURGE_INTERVAL_SECONDS"),
     Job("apply_retention", "broker.core.retention.apply_retention", "RETENTION_INTERVAL_SECONDS"),
     Job(
         "purge_produced_ids",

@@ -1,7 +1,7 @@
 """Frozen records the core returns instead of model instances (docs/architecture.md#records)."""
 
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import orjson
 
@@ -156,6 +156,10 @@ class PartitionLag:
     committed_offset: int
     start_offset: int
     end_offset: int
+    # Delivered and not settled, or waiting for a retry (acknowledged delivery only).
+    in_flight: int = 0
+    # Messages the subscription filter skipped on this partition, all time.
+    filtered: int = 0
 
     @property
     def lag(self) -> int:
@@ -168,6 +172,8 @@ class GroupTopicOffsets:
     topic: str
     capacity: int | None
     partitions: tuple[PartitionLag, ...]
+    # The member whose own offsets these are in broadcast mode; "" for the group's (clustering).
+    subscriber: str = ""
 
     @property
     def max_offset(self) -> int:
@@ -194,6 +200,7 @@ class MemberSummary:
     partitions: tuple[int, ...]
     joined_ms: int
     heartbeat_ms: int
+    filter: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -207,6 +214,19 @@ class MemberInfo:
     partitions: tuple[int, ...]
     session_timeout_ms: int
     heartbeat_interval_ms: int
+    mode: str = "clustering"
+    filter: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class GroupSettings:
+    """How a group delivers: docs/semantics.md#acknowledgements."""
+
+    mode: str = "clustering"
+    ordered: bool = False
+    ack_deadline_ms: int = 30_000
+    max_attempts: int = 16
+    retry_delays_ms: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -217,6 +237,8 @@ class GroupInfo:
     generation: int = 0
     strategy: str = "sticky"
     members: tuple[MemberSummary, ...] = ()
+    settings: GroupSettings = GroupSettings()
+    dead_letters: int = 0
 
 
 @dataclass(frozen=True)
@@ -234,3 +256,76 @@ class PollResult:
 class Overview:
     topics: tuple[TopicInfo, ...]
     groups: tuple[GroupTopicOffsets, ...]
+
+
+class Delivery(NamedTuple):
+    """A message handed to a member: settle it with its receipt before deadline_ms."""
+
+    message: StoredMessage
+    receipt: str
+    attempt: int
+    deadline_ms: int
+
+
+@dataclass(frozen=True)
+class DeliveryResult:
+    topic_id: int
+    group: str
+    topic: str
+    member_id: str
+    generation: int
+    deliveries: tuple[Delivery, ...]
+    # Messages the member's filter skipped in this poll (they advance the offsets).
+    filtered: int = 0
+    # Messages past the topic's message TTL, dead-lettered instead of delivered.
+    expired: int = 0
+
+
+@dataclass(frozen=True)
+class SettleResult:
+    """What an ack, nack, reject or extend did: receipts that matched, and those that did not."""
+
+    settled: int
+    # Receipts naming no current delivery: settled already, or redelivered under a new receipt.
+    stale: tuple[str, ...] = ()
+    dead_lettered: int = 0
+
+
+@dataclass(frozen=True)
+class DeadLetterInfo:
+    id: int
+    group: str
+    topic: str
+    subscriber: str
+    partition: int
+    offset: int
+    reason: str
+    attempts: int
+    last_error: str
+    dead_ms: int
+    message: StoredMessage
+
+
+@dataclass(frozen=True)
+class DeadLetterPage:
+    items: tuple[DeadLetterInfo, ...]
+    total: int
+    # Pass as after_id for the next page; None on the last page.
+    next_after_id: int | None
+
+
+@dataclass(frozen=True)
+class RedriveResult:
+    redriven: int
+    # Dead letters whose original message retention already removed: left in the queue.
+    missing: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class TraceInfo:
+    at_ms: int
+    event: str
+    group: str
+    member_id: str
+    attempt: int | None
+    detail: dict[str, Any]

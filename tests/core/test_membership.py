@@ -2,7 +2,7 @@ import orjson
 import pytest
 
 from broker import models
-from broker.core import errors, groups, log, membership, topics
+from broker.core import delivery, errors, groups, log, membership, topics
 from broker.core.records import NewMessage
 
 
@@ -86,36 +86,38 @@ def test_alter_topic__growth_rebalances(topic_factory, console):
     assert [len(m.partitions) for m in members] == [2, 2]
 
 
-def test_poll_messages__member_reads_only_its_partitions(topic_factory, console):
+def test_deliver_messages__member_reads_only_its_partitions(topic_factory, console):
     topic = topic_factory(partitions=2)
     produce(console, topic.name, 3, 2)
     a = membership.join_group(console, "g", topic.name, "a")
     b = membership.join_group(console, "g", topic.name, "b")
-    got_a = groups.poll_messages(console, "g", topic.name, 10, True, member_id="a")
-    got_b = groups.poll_messages(console, "g", topic.name, 10, True, member_id="b")
-    assert {m.partition for m in got_a.messages} == set(
+    got_a = delivery.deliver_messages(console, "g", topic.name, "a", 10, auto_ack=True)
+    got_b = delivery.deliver_messages(console, "g", topic.name, "b", 10, auto_ack=True)
+    assert {d.message.partition for d in got_a.deliveries} == set(
         membership.heartbeat(console, "g", "a").partitions
     )
-    assert {m.partition for m in got_b.messages} | {m.partition for m in got_a.messages} == {0, 1}
-    assert len(got_a.messages) + len(got_b.messages) == 6
+    assert {d.message.partition for d in got_b.deliveries} | {
+        d.message.partition for d in got_a.deliveries
+    } == {0, 1}
+    assert len(got_a.deliveries) + len(got_b.deliveries) == 6
     assert a.member_id != b.member_id
 
 
-def test_poll_messages__unknown_member_or_other_topic(topic_factory, console):
+def test_deliver_messages__unknown_member_or_other_topic(topic_factory, console):
     topic = topic_factory()
     other = topic_factory()
     membership.join_group(console, "g", topic.name, "a")
     with pytest.raises(errors.MemberNotFound):
-        groups.poll_messages(console, "g", topic.name, 10, True, member_id="nobody")
+        delivery.deliver_messages(console, "g", topic.name, "nobody", 10, auto_ack=True)
     with pytest.raises(errors.InvalidRequest):
-        groups.poll_messages(console, "g", other.name, 10, True, member_id="a")
+        delivery.deliver_messages(console, "g", other.name, "a", 10, auto_ack=True)
 
 
-def test_poll_messages__counts_as_heartbeat(topic_factory, console):
+def test_deliver_messages__counts_as_heartbeat(topic_factory, console):
     topic = topic_factory()
     membership.join_group(console, "g", topic.name, "a")
     models.GroupMember.objects.update(heartbeat_ms=1)
-    groups.poll_messages(console, "g", topic.name, 10, False, member_id="a")
+    delivery.deliver_messages(console, "g", topic.name, "a", 10, auto_ack=False)
     assert membership.expire_members() == 0
 
 

@@ -1,0 +1,596 @@
+"""Acknowledged delivery: deliver to members, ack, nack, reject, extend, deadline sweep.
+
+See docs/semantics.md#acknowledgements and docs/architecture.md#locks. Every write here locks
+the group offset rows (GroupOffset, in id order) of the partitions it touches before it reads or
+changes their InFlight rows: that lock serializes deliveries, settlements, the deadline sweep and
+redrives of one (group, partition, subscriber), so a message is never handed out twice while in
+flight and the committed offset is always the lowest unsettled offset.
+"""
+
+import functools
+import itertools
+import secrets
+import threading
+from collections.abc import Iterable
+from typing import Any
+
+import orjson
+from django.db import transaction
+from django.db.models import Min, Q
+
+from broker import models
+from broker import settings as ferry_settings
+from broker.core import (
+    dbthreads,
+    errors,
+    events,
+    filters,
+    groups,
+    keys,
+    log,
+    membership,
+    retries,
+    trace,
+)
+from broker.core.records import (
+    Delivery,
+    DeliveryResult,
+    Principal,
+    SettleResult,
+    StoredMessage,
+)
+
+OffsetKey = tuple[int, int, str]  # (group id, partition id, subscriber)
+
+# A poll reads at most this many messages past what a selective filter skips, then answers.
+SCAN_LIMIT = 10_000
+RECEIPT_MAX = 32
+
+_turn = itertools.count()
+_turn_lock = threading.Lock()
+
+
+def new_receipt() -> str:
+    return secrets.token_hex(12)
+
+
+def wake(topic_id: int) -> None:
+    """Wake the topic's long polls after commit: messages are deliverable again."""
+    events.messages_returned(topic_id)
+
+
+def _parsed_filter(spec: dict[str, Any] | None) -> filters.Filter:
+    if spec is None:
+        return filters.EVERYTHING
+    return _parse_cached(orjson.dumps(spec, option=orjson.OPT_SORT_KEYS).decode())
+
+
+@functools.lru_cache(maxsize=256)
+def _parse_cached(spec_json: str) -> filters.Filter:
+    return filters.parse_filter(orjson.loads(spec_json))
+
+
+def read_at(partition_id: int, number: int, offsets: Iterable[int]) -> dict[int, StoredMessage]:
+    """The stored messages at these offsets of a partition (those retention kept)."""
+    rows = models.Message.objects.filter(
+        partition_id=partition_id, offset__in=list(offsets)
+    ).values_list(
+        "offset", "timestamp_ms", "key", "tag", "headers", "value", "is_json", "client_id"
+    )
+
+    return {
+        o: StoredMessage(
+            number, o, ts, key, tag, orjson.dumps(headers).decode(), bytes(v), is_json, cid
+        )
+        for o, ts, key, tag, headers, v, is_json, cid in rows
+    }
+
+
+def locked_offsets(keys_: Iterable[OffsetKey]) -> dict[OffsetKey, models.GroupOffset]:
+    """Lock the group offset rows of these keys, in id order. Caller holds the transaction."""
+    wanted = sorted(set(keys_))
+    if not wanted:
+        return {}
+    match = Q()
+    for group_id, partition_id, subscriber in wanted:
+        match |= Q(group_id=group_id, partition_id=partition_id, subscriber=subscriber)
+    # Group offset locks: serialize everything that reads or changes these partitions' InFlight.
+    rows = (
+        models.GroupOffset.objects.select_for_update()
+        .filter(match)
+        .select_related("partition")
+        .order_by("id")
+    )
+    return {(r.group_id, r.partition_id, r.subscriber): r for r in rows}
+
+
+def recompute_committed(rows: dict[OffsetKey, models.GroupOffset]) -> None:
+    """Set each row's committed offset to its lowest in-flight offset, or its delivered offset.
+
+    Caller holds the rows' locks (locked_offsets).
+    """
+    if not rows:
+        return
+    match = Q()
+    for group_id, partition_id, subscriber in rows:
+        match |= Q(group_id=group_id, partition_id=partition_id, subscriber=subscriber)
+    lowest = {
+        (g, p, s): low
+        for g, p, s, low in models.InFlight.objects.filter(match)
+        .values("group_id", "partition_id", "subscriber")
+        .annotate(low=Min("offset"))
+        .values_list("group_id", "partition_id", "subscriber", "low")
+    }
+    changed = []
+    for key, row in rows.items():
+        low = lowest.get(key)
+        # Without anything in flight, a position a plain (non-member) poll moved on stands.
+        target = low if low is not None else max(row.delivered_offset, row.committed_offset)
+        if target != row.committed_offset:
+            row.committed_offset = target
+            changed.append(row)
+    models.GroupOffset.objects.bulk_update(changed, ["committed_offset"])
+
+
+def _validate_max_messages(max_messages: int) -> None:
+    limit = ferry_settings.get("MAX_FETCH_MESSAGES")
+    if not 1 <= max_messages <= limit:
+        raise errors.InvalidRequest(
+            f"max_messages must be between 1 and {limit}.", max_messages=max_messages
+        )
+
+
+def deliver_messages(
+    principal: Principal,
+    group_name: str,
+    topic_name: str,
+    member_id: str,
+    max_messages: int,
+    *,
+    auto_ack: bool = False,
+) -> DeliveryResult:
+    """Hand a member its next messages: due retries first, then new ones, each with a receipt.
+
+    In clustering mode a member reads only the partitions it holds a lease on, from the group's
+    offsets; in broadcast mode it reads every partition from its own. Messages its filter skips
+    advance the offsets and count as filtered; messages past the topic's TTL are dead-lettered.
+    With auto_ack the messages are settled as they are handed out (at most once).
+    """
+    groups.validate_group_name(group_name)
+    _validate_max_messages(max_messages)
+    topic = groups.topic_for_consume(principal, topic_name)
+    now = log.now_ms()
+    with transaction.atomic(durable=True):
+        group, member = membership.touch_member(group_name, member_id, topic.id)
+        broadcast = group.mode == models.ConsumerGroup.Mode.BROADCAST
+        subscriber = member_id if broadcast else ""
+        partition_ids = membership.held_partitions(group, member)
+        if partition_ids:
+            groups.ensure_offsets(group, partition_ids, subscriber)
+        offsets = locked_offsets((group.id, pid, subscriber) for pid in partition_ids)
+        batch = _Batch(group, topic, member, subscriber, now, max_messages, auto_ack)
+        batch.take_retries(offsets)
+        batch.take_new(offsets)
+        batch.store()
+        recompute_committed(offsets)
+    return DeliveryResult(
+        topic_id=topic.id,
+        group=group_name,
+        topic=topic_name,
+        member_id=member_id,
+        generation=group.generation,
+        deliveries=tuple(batch.deliveries),
+        filtered=batch.filtered,
+        expired=batch.expired,
+    )
+
+
+class _Batch:
+    """One delivery's working set. Used inside deliver_messages' transaction, under its locks."""
+
+    def __init__(
+        self,
+        group: models.ConsumerGroup,
+        topic: models.Topic,
+        member: models.GroupMember,
+        subscriber: str,
+        now: int,
+        max_messages: int,
+        auto_ack: bool,
+    ) -> None:
+        self.group, self.topic, self.member = group, topic, member
+        self.subscriber, self.now, self.max_messages = subscriber, now, max_messages
+        self.auto_ack = auto_ack
+        self.deadline_ms = now + group.ack_deadline_ms
+        self.match = _parsed_filter(member.filter)
+        self.deliveries: list[Delivery] = []
+        self.new_rows: list[models.InFlight] = []
+        self.redelivered: list[models.InFlight] = []
+        self.events: list[models.TraceEvent] = []
+        self.filtered = 0
+        self.expired = 0
+        # Ordered mode: partitions with a message in flight deliver nothing new.
+        self.blocked: set[int] = set()
+
+    @property
+    def room(self) -> int:
+        return self.max_messages - len(self.deliveries)
+
+    def _expired(self, m: StoredMessage) -> bool:
+        ttl = self.topic.message_ttl_ms
+        return ttl is not None and m.timestamp_ms + ttl < self.now
+
+    def _hand_out(self, m: StoredMessage, row: models.InFlight) -> None:
+        self.deliveries.append(Delivery(m, row.receipt, row.attempt, row.deadline_ms))
+        if self.topic.trace:
+            self.events.append(
+                trace.event(
+                    self.topic.id,
+                    m.partition,
+                    m.offset,
+                    "delivered",
+                    group=self.group.name,
+                    member_id=self.member.member_id,
+                    attempt=row.attempt,
+                    at_ms=self.now,
+                )
+            )
+
+    def take_retries(self, offsets: dict[OffsetKey, models.GroupOffset]) -> None:
+        """Redeliver due retries (nacked, expired deadline, redriven, released by a leaver)."""
+        pids = [key[1] for key in offsets]
+        if not pids:
+            return
+        pending = models.InFlight.objects.filter(
+            group=self.group, subscriber=self.subscriber, partition_id__in=pids
+        ).select_related("partition")
+        if self.group.ordered:
+            # One message of a partition in flight at most: its lowest row, if any, blocks it.
+            lowest: dict[int, models.InFlight] = {}
+            for row in pending.order_by("partition_id", "offset"):
+                lowest.setdefault(row.partition_id, row)
+            self.blocked = set(lowest)
+            due = [
+                row
+                for row in lowest.values()
+                if row.state == models.InFlight.State.RETRY_WAIT and row.deadline_ms <= self.now
+            ]
+        else:
+            due = list(
+                pending.filter(
+                    state=models.InFlight.State.RETRY_WAIT, deadline_ms__lte=self.now
+                ).order_by("deadline_ms", "id")[: self.max_messages]
+            )
+        by_partition: dict[int, list[models.InFlight]] = {}
+        for row in due:
+            by_partition.setdefault(row.partition_id, []).append(row)
+        gone, expired = [], []
+        for pid, rows in by_partition.items():
+            found = read_at(pid, rows[0].partition.number, [r.offset for r in rows])
+            for row in rows:
+                m = found.get(row.offset)
+                if m is None:
+                    gone.append(row.id)  # retention removed it: nothing left to deliver
+                elif self._expired(m):
+                    expired.append(row)
+                elif self.room > 0:
+                    row.state = models.InFlight.State.DELIVERED
+                    row.attempt += 1
+                    row.member_id = self.member.member_id
+                    row.receipt = new_receipt()
+                    row.deadline_ms = self.deadline_ms
+                    self.redelivered.append(row)
+                    self._hand_out(m, row)
+        models.InFlight.objects.filter(id__in=gone).delete()
+        self.expired += len(expired)
+        retries.dead_letter_rows(expired, self.group, self.topic, "expired", self.now)
+
+    def take_new(self, offsets: dict[OffsetKey, models.GroupOffset]) -> None:
+        """Hand out messages never delivered, from each partition's delivered offset on."""
+        rows = list(offsets.values())
+        if not rows:
+            return
+        with _turn_lock:
+            turn = next(_turn) % len(rows)
+        # Rotate the first partition read so one busy partition cannot starve the rest.
+        for row in rows[turn:] + rows[:turn]:
+            if self.room <= 0:
+                break
+            if row.partition_id in self.blocked:
+                continue
+            self._take_from(row, 1 if self.group.ordered else self.room)
+
+    def _take_from(self, row: models.GroupOffset, wanted: int) -> None:
+        p = row.partition
+        position = max(row.delivered_offset, row.committed_offset, p.start_offset)
+        scanned, taken, expired = 0, 0, []
+        while taken < wanted and position < p.next_offset and scanned < SCAN_LIMIT:
+            chunk = log.read_partition(
+                p.id, p.number, position, wanted - taken if self.match.is_everything else 500
+            )
+            if not chunk:
+                break
+            for m in chunk:
+                scanned += 1
+                position = m.offset + 1
+                if self._expired(m):
+                    expired.append(m)
+                elif not self.match.matches(m.tag, m.headers):
+                    row.filtered_count += 1
+                    self.filtered += 1
+                else:
+                    taken += 1
+                    self._take_new(row, m)
+                if taken >= wanted:
+                    break
+        row.delivered_offset = position
+        row.save(update_fields=["delivered_offset", "filtered_count", "updated_at"])
+        if expired:
+            self.expired += len(expired)
+            retries.dead_letter_messages(
+                self.group, self.topic, self.subscriber, expired, "expired", self.now
+            )
+
+    def _take_new(self, row: models.GroupOffset, m: StoredMessage) -> None:
+        flight = models.InFlight(
+            group=self.group,
+            partition_id=row.partition_id,
+            subscriber=self.subscriber,
+            offset=m.offset,
+            state=models.InFlight.State.DELIVERED,
+            member_id=self.member.member_id,
+            receipt="" if self.auto_ack else new_receipt(),
+            attempt=1,
+            deadline_ms=self.deadline_ms,
+        )
+        if not self.auto_ack:
+            self.new_rows.append(flight)
+        self._hand_out(m, flight)
+
+    def store(self) -> None:
+        if self.auto_ack:
+            # Settled on delivery: the redelivered rows are done with too.
+            models.InFlight.objects.filter(id__in=[r.id for r in self.redelivered]).delete()
+        else:
+            models.InFlight.objects.bulk_update(
+                self.redelivered, ["state", "attempt", "member_id", "receipt", "deadline_ms"]
+            )
+            models.InFlight.objects.bulk_create(self.new_rows)
+        trace.record(self.events)
+
+
+async def deliver_messages_async(
+    principal: Principal,
+    group_name: str,
+    topic_name: str,
+    member_id: str,
+    max_messages: int,
+    *,
+    auto_ack: bool = False,
+    max_wait_ms: int = 0,
+) -> DeliveryResult:
+    """deliver_messages, waiting up to max_wait_ms for something to deliver."""
+    log.validate_max_wait(max_wait_ms)
+    return await events.long_poll(
+        lambda: dbthreads.run(
+            functools.partial(
+                deliver_messages,
+                principal,
+                group_name,
+                topic_name,
+                member_id,
+                max_messages,
+                auto_ack=auto_ack,
+            )
+        ),
+        is_empty=lambda r: not r.deliveries and not r.filtered and not r.expired,
+        topic_id_of=lambda r: r.topic_id,
+        max_wait_ms=max_wait_ms,
+    )
+
+
+def _validate_receipts(receipts: list[str]) -> list[str]:
+    limit = ferry_settings.get("MAX_FETCH_MESSAGES")
+    if not receipts:
+        raise errors.InvalidRequest("Name at least one receipt.")
+    if len(receipts) > limit:
+        raise errors.InvalidRequest(f"At most {limit} receipts per call.", count=len(receipts))
+    if any(not isinstance(r, str) or not 0 < len(r) <= RECEIPT_MAX for r in receipts):
+        raise errors.InvalidRequest("A receipt is a string of 1 to 32 characters.")
+    return list(dict.fromkeys(receipts))
+
+
+class _Settling:
+    """The in-flight rows a settle call names, locked, grouped by topic."""
+
+    def __init__(self, principal: Principal, group_name: str, receipts: list[str]) -> None:
+        groups.validate_group_name(group_name)
+        self.receipts = _validate_receipts(receipts)
+        group = models.ConsumerGroup.objects.filter(name=group_name).first()
+        if group is None:
+            raise errors.GroupNotFound(group=group_name)
+        self.group: models.ConsumerGroup = group
+        named = models.InFlight.objects.filter(group=group, receipt__in=self.receipts)
+        found = list(
+            named.values_list("group_id", "partition_id", "subscriber", "partition__topic__name")
+        )
+        for topic_name in sorted({name for *_, name in found}):
+            keys.require(principal, topic_name, "consume")
+        self.offsets = locked_offsets((g, p, s) for g, p, s, _ in found)
+        # Read again under the locks: a row may have been settled or redelivered meanwhile.
+        self.rows = list(named.select_related("partition__topic"))
+        matched = {row.receipt for row in self.rows}
+        self.stale = tuple(r for r in self.receipts if r not in matched)
+
+    def by_topic(self) -> dict[int, tuple[models.Topic, list[models.InFlight]]]:
+        out: dict[int, tuple[models.Topic, list[models.InFlight]]] = {}
+        for row in self.rows:
+            topic = row.partition.topic
+            out.setdefault(topic.id, (topic, []))[1].append(row)
+        return out
+
+
+def _trace_each(
+    topic: models.Topic, rows: list[models.InFlight], name: str, group: str, now: int, **detail: str
+) -> None:
+    if topic.trace:
+        trace.record(
+            [
+                trace.event(
+                    topic.id,
+                    row.partition.number,
+                    row.offset,
+                    name,
+                    group=group,
+                    member_id=row.member_id,
+                    attempt=row.attempt,
+                    at_ms=now,
+                    **detail,
+                )
+                for row in rows
+            ]
+        )
+
+
+def ack_messages(principal: Principal, group_name: str, receipts: list[str]) -> SettleResult:
+    """Settle delivered messages for good; the committed offsets move to the lowest unsettled."""
+    now = log.now_ms()
+    with transaction.atomic(durable=True):
+        settling = _Settling(principal, group_name, receipts)
+        models.InFlight.objects.filter(id__in=[row.id for row in settling.rows]).delete()
+        for topic, rows in settling.by_topic().values():
+            _trace_each(topic, rows, "acked", group_name, now)
+        recompute_committed(settling.offsets)
+    return SettleResult(settled=len(settling.rows), stale=settling.stale)
+
+
+def nack_messages(
+    principal: Principal,
+    group_name: str,
+    receipts: list[str],
+    *,
+    error: str = "",
+    delay_ms: int | None = None,
+) -> SettleResult:
+    """Fail delivered messages: each is redelivered after its backoff (or delay_ms), or goes to
+    the dead-letter queue once it has had the group's max_attempts."""
+    max_delay = ferry_settings.get("MAX_DELAY_SECONDS") * 1000
+    if delay_ms is not None and not 0 <= delay_ms <= max_delay:
+        raise errors.InvalidRequest(f"delay_ms is 0 to {max_delay}.", delay_ms=delay_ms)
+    now = log.now_ms()
+    dead = 0
+    with transaction.atomic(durable=True):
+        settling = _Settling(principal, group_name, receipts)
+        for topic, rows in settling.by_topic().values():
+            dead += retries.fail(
+                rows, settling.group, topic, event="nacked", error=error, delay_ms=delay_ms, now=now
+            )
+            if delay_ms == 0:
+                wake(topic.id)
+        recompute_committed(settling.offsets)
+    return SettleResult(settled=len(settling.rows), stale=settling.stale, dead_lettered=dead)
+
+
+def reject_messages(
+    principal: Principal, group_name: str, receipts: list[str], *, error: str = ""
+) -> SettleResult:
+    """Send delivered messages straight to the group's dead-letter queue (no more retries)."""
+    now = log.now_ms()
+    with transaction.atomic(durable=True):
+        settling = _Settling(principal, group_name, receipts)
+        for topic, rows in settling.by_topic().values():
+            for row in rows:
+                row.last_error = error[: retries.MAX_ERROR_CHARS]
+            _trace_each(topic, rows, "rejected", group_name, now, error=error)
+            retries.dead_letter_rows(rows, settling.group, topic, "rejected", now)
+        recompute_committed(settling.offsets)
+    n = len(settling.rows)
+    return SettleResult(settled=n, stale=settling.stale, dead_lettered=n)
+
+
+def extend_deadlines(
+    principal: Principal, group_name: str, receipts: list[str], extend_ms: int
+) -> SettleResult:
+    """Give delivered messages more time: their deadlines become now + extend_ms."""
+    validate_ack_deadline(extend_ms, "extend_ms")
+    now = log.now_ms()
+    with transaction.atomic(durable=True):
+        settling = _Settling(principal, group_name, receipts)
+        live = [r for r in settling.rows if r.state == models.InFlight.State.DELIVERED]
+        models.InFlight.objects.filter(id__in=[r.id for r in live]).update(
+            deadline_ms=now + extend_ms
+        )
+    waiting = {r.receipt for r in settling.rows} - {r.receipt for r in live}
+    return SettleResult(settled=len(live), stale=settling.stale + tuple(sorted(waiting)))
+
+
+def validate_ack_deadline(value_ms: int, name: str = "ack_deadline_ms") -> None:
+    high = ferry_settings.get("MAX_ACK_DEADLINE_MS")
+    if not 1000 <= value_ms <= high:
+        raise errors.InvalidRequest(f"{name} is 1000 to {high}.", **{name: value_ms})
+
+
+SWEEP_BATCH = 1000
+
+
+def redeliver_expired() -> int:
+    """Turn deliveries past their ack deadline into retries (or dead letters); returns how many.
+
+    Also wakes long polls of topics whose retries are due, so they are redelivered promptly.
+    """
+    now = log.now_ms()
+    expired = models.InFlight.objects.filter(
+        state=models.InFlight.State.DELIVERED, deadline_ms__lt=now
+    )
+    handled = 0
+    while True:
+        found = list(
+            expired.order_by("deadline_ms")
+            .values_list("group_id", "partition_id", "subscriber")
+            .distinct()[:SWEEP_BATCH]
+        )
+        if not found:
+            break
+        for group_id in sorted({g for g, _, _ in found}):
+            handled += _sweep_group(group_id, [k for k in found if k[0] == group_id], now)
+        if len(found) < SWEEP_BATCH:
+            break
+    due_topics = (
+        models.InFlight.objects.filter(state=models.InFlight.State.RETRY_WAIT, deadline_ms__lte=now)
+        .values_list("partition__topic_id", flat=True)
+        .distinct()
+    )
+    for topic_id in list(due_topics):
+        events.messages_returned(topic_id)
+    return handled
+
+
+def _sweep_group(group_id: int, keys_: list[OffsetKey], now: int) -> int:
+    with transaction.atomic(durable=True):
+        group = models.ConsumerGroup.objects.filter(id=group_id).first()
+        if group is None:
+            return 0
+        offsets = locked_offsets(keys_)
+        match = Q()
+        for g, p, s in offsets:
+            match |= Q(group_id=g, partition_id=p, subscriber=s)
+        rows = list(
+            models.InFlight.objects.filter(
+                match, state=models.InFlight.State.DELIVERED, deadline_ms__lt=now
+            ).select_related("partition__topic")
+        )
+        by_topic: dict[int, tuple[models.Topic, list[models.InFlight]]] = {}
+        for row in rows:
+            by_topic.setdefault(row.partition.topic_id, (row.partition.topic, []))[1].append(row)
+        for topic, topic_rows in by_topic.values():
+            retries.fail(
+                topic_rows,
+                group,
+                topic,
+                event="expired",
+                error="ack deadline passed",
+                delay_ms=None,
+                now=now,
+            )
+        recompute_committed(offsets)
+    return len(rows)

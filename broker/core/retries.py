@@ -1,0 +1,387 @@
+"""Retries and dead letters: backoff, moving to the dead-letter queue, browse, redrive, purge.
+
+See docs/semantics.md#retries-and-dead-letters. Functions that change InFlight rows expect the
+caller to hold the group offset locks of their partitions (delivery.locked_offsets), the lock
+that keeps the committed offset the lowest unsettled one.
+"""
+
+from collections.abc import Iterable
+
+import orjson
+from django.db import transaction
+from django.db.models import Count, Q, QuerySet
+
+from broker import models
+from broker.core import delivery, errors, groups, keys, log, trace
+from broker.core.records import (
+    DeadLetterInfo,
+    DeadLetterPage,
+    Principal,
+    RedriveResult,
+    StoredMessage,
+)
+
+SECOND = 1000
+MINUTE = 60 * SECOND
+# RocketMQ's retry levels (its delay levels 3 to 18): the wait after the n-th failed attempt.
+DEFAULT_DELAYS_MS = (
+    10 * SECOND,
+    30 * SECOND,
+    *(n * MINUTE for n in range(1, 11)),
+    20 * MINUTE,
+    30 * MINUTE,
+    60 * MINUTE,
+    120 * MINUTE,
+)
+REASONS = ("max_attempts", "rejected", "expired")
+MAX_ERROR_CHARS = 2000
+MAX_PAGE = 1000
+
+
+def backoff_ms(delays_ms: Iterable[int], attempt: int) -> int:
+    """The wait before redelivery after attempt n failed: the n-th delay, the last one after."""
+    levels = tuple(delays_ms) or DEFAULT_DELAYS_MS
+    return levels[min(max(attempt, 1), len(levels)) - 1]
+
+
+def fail(
+    rows: list[models.InFlight],
+    group: models.ConsumerGroup,
+    topic: models.Topic,
+    *,
+    event: str,
+    error: str,
+    delay_ms: int | None,
+    now: int,
+) -> int:
+    """A nack or an expired deadline: retry each row after its backoff, or dead-letter it.
+
+    Caller holds the rows' group offset locks. Returns how many went to the dead-letter queue.
+    """
+    error = error[:MAX_ERROR_CHARS]
+    waiting, exhausted, events = [], [], []
+    for row in rows:
+        row.last_error = error
+        if event == "nacked" and topic.trace:
+            events.append(_event(topic, row, group, "nacked", now, error=error))
+        if row.attempt >= group.max_attempts:
+            exhausted.append(row)
+            continue
+        wait = delay_ms if delay_ms is not None else backoff_ms(group.retry_delays_ms, row.attempt)
+        row.state = models.InFlight.State.RETRY_WAIT
+        row.deadline_ms = now + wait
+        waiting.append(row)
+        events.append(
+            _event(topic, row, group, "retry_scheduled", now, due_ms=row.deadline_ms, error=error)
+        )
+    models.InFlight.objects.bulk_update(waiting, ["state", "deadline_ms", "last_error"])
+    trace.record(events)
+    dead_letter_rows(exhausted, group, topic, "max_attempts", now)
+    return len(exhausted)
+
+
+def _event(
+    topic: models.Topic,
+    row: models.InFlight,
+    group: models.ConsumerGroup,
+    name: str,
+    now: int,
+    **detail: object,
+) -> models.TraceEvent:
+    return trace.event(
+        topic.id,
+        row.partition.number,
+        row.offset,
+        name,
+        group=group.name,
+        member_id=row.member_id,
+        attempt=row.attempt,
+        at_ms=now,
+        **detail,
+    )
+
+
+def dead_letter_rows(
+    rows: list[models.InFlight],
+    group: models.ConsumerGroup,
+    topic: models.Topic,
+    reason: str,
+    now: int,
+) -> None:
+    """Move in-flight rows to the group's dead-letter queue with a copy of their messages.
+
+    Caller holds the rows' group offset locks and recomputes the committed offsets after.
+    """
+    if not rows:
+        return
+    by_partition: dict[int, list[int]] = {}
+    for row in rows:
+        by_partition.setdefault(row.partition_id, []).append(row.offset)
+    numbers = {row.partition_id: row.partition.number for row in rows}
+    found = {pid: delivery.read_at(pid, numbers[pid], offs) for pid, offs in by_partition.items()}
+    letters, events = [], []
+    for row in rows:
+        message = found[row.partition_id].get(row.offset)
+        letters.append(
+            _letter(group, topic, row.subscriber, row.partition.number, row.offset, message)
+        )
+        letters[-1].reason, letters[-1].attempts = reason, row.attempt
+        letters[-1].last_error, letters[-1].dead_ms = row.last_error, now
+        events.append(
+            _event(topic, row, group, "dead_lettered", now, reason=reason, error=row.last_error)
+        )
+    models.DeadLetter.objects.bulk_create(letters)
+    models.InFlight.objects.filter(id__in=[row.id for row in rows]).delete()
+    trace.record(events)
+
+
+def dead_letter_messages(
+    group: models.ConsumerGroup,
+    topic: models.Topic,
+    subscriber: str,
+    messages: list[StoredMessage],
+    reason: str,
+    now: int,
+) -> None:
+    """Dead-letter messages never delivered (past the topic's TTL). Caller holds the locks."""
+    letters, events = [], []
+    for m in messages:
+        letter = _letter(group, topic, subscriber, m.partition, m.offset, m)
+        letter.reason, letter.attempts, letter.dead_ms = reason, 0, now
+        letters.append(letter)
+        events.append(
+            trace.event(
+                topic.id,
+                m.partition,
+                m.offset,
+                "dead_lettered",
+                group=group.name,
+                at_ms=now,
+                reason=reason,
+            )
+        )
+    models.DeadLetter.objects.bulk_create(letters)
+    trace.record(events)
+
+
+def _letter(
+    group: models.ConsumerGroup,
+    topic: models.Topic,
+    subscriber: str,
+    partition: int,
+    offset: int,
+    message: StoredMessage | None,
+) -> models.DeadLetter:
+    # A message retention removed meanwhile is dead-lettered by its coordinates alone.
+    return models.DeadLetter(
+        group=group,
+        topic=topic,
+        subscriber=subscriber,
+        partition_number=partition,
+        offset=offset,
+        timestamp_ms=message.timestamp_ms if message else 0,
+        key=message.key if message else None,
+        tag=message.tag if message else None,
+        headers=message.headers if message else {},
+        value=message.value if message else b"",
+        is_json=message.is_json if message else False,
+        client_id=message.client_id if message else None,
+    )
+
+
+def _letters(
+    principal: Principal, group_name: str, topic_name: str | None, reason: str | None
+) -> QuerySet[models.DeadLetter]:
+    groups.validate_group_name(group_name)
+    if topic_name is not None:
+        keys.require(principal, topic_name, "consume")
+    if reason is not None and reason not in REASONS:
+        raise errors.InvalidRequest(f"reason is one of {', '.join(REASONS)}.", reason=reason)
+    group = models.ConsumerGroup.objects.filter(name=group_name).first()
+    if group is None:
+        raise errors.GroupNotFound(group=group_name)
+    letters = models.DeadLetter.objects.filter(group=group).select_related("topic", "group")
+    if topic_name is not None:
+        letters = letters.filter(topic__name=topic_name)
+    if reason is not None:
+        letters = letters.filter(reason=reason)
+    # Only the topics this key may consume.
+    names = set(letters.values_list("topic__name", flat=True).distinct())
+    hidden = [name for name in names if not keys.allows(principal, name, "consume")]
+    return letters.exclude(topic__name__in=hidden) if hidden else letters
+
+
+def list_dead_letters(
+    principal: Principal,
+    group_name: str,
+    *,
+    topic_name: str | None = None,
+    reason: str | None = None,
+    after_id: int | None = None,
+    limit: int = 100,
+) -> DeadLetterPage:
+    """A page of a group's dead letters, oldest first, filtered by topic and reason."""
+    if not 1 <= limit <= MAX_PAGE:
+        raise errors.InvalidRequest(f"limit is 1 to {MAX_PAGE}.", limit=limit)
+    letters = _letters(principal, group_name, topic_name, reason)
+    total = letters.count()
+    page_qs = letters.order_by("id")
+    if after_id is not None:
+        page_qs = page_qs.filter(id__gt=after_id)
+    page = list(page_qs[: limit + 1])
+    more = len(page) > limit
+    page = page[:limit]
+    return DeadLetterPage(
+        items=tuple(_info(letter) for letter in page),
+        total=total,
+        next_after_id=page[-1].id if more and page else None,
+    )
+
+
+def _info(letter: models.DeadLetter) -> DeadLetterInfo:
+    return DeadLetterInfo(
+        id=letter.id,
+        group=letter.group.name,
+        topic=letter.topic.name,
+        subscriber=letter.subscriber,
+        partition=letter.partition_number,
+        offset=letter.offset,
+        reason=letter.reason,
+        attempts=letter.attempts,
+        last_error=letter.last_error,
+        dead_ms=letter.dead_ms,
+        message=StoredMessage(
+            letter.partition_number,
+            letter.offset,
+            letter.timestamp_ms,
+            letter.key,
+            letter.tag,
+            orjson.dumps(letter.headers).decode(),
+            bytes(letter.value),
+            letter.is_json,
+            letter.client_id,
+        ),
+    )
+
+
+def _selected(
+    principal: Principal,
+    group_name: str,
+    ids: list[int] | None,
+    topic_name: str | None,
+    reason: str | None,
+) -> QuerySet[models.DeadLetter]:
+    letters = _letters(principal, group_name, topic_name, reason)
+    if ids is None:
+        return letters
+    if not ids:
+        raise errors.InvalidRequest("Name at least one dead letter, or select all.")
+    chosen = letters.filter(id__in=ids)
+    missing = set(ids) - set(chosen.values_list("id", flat=True))
+    if missing:
+        raise errors.DeadLetterNotFound(group=group_name, id=min(missing))
+    return chosen
+
+
+def redrive_dead_letters(
+    principal: Principal,
+    group_name: str,
+    ids: list[int] | None = None,
+    *,
+    topic_name: str | None = None,
+    reason: str | None = None,
+) -> RedriveResult:
+    """Send dead letters back to their group: one, a selection (ids), or all that match.
+
+    A redriven message is redelivered to the group at once with a fresh attempt count; one whose
+    original retention already removed stays in the queue and is reported as missing.
+    """
+    now = log.now_ms()
+    with transaction.atomic(durable=True):
+        letters = list(_selected(principal, group_name, ids, topic_name, reason).order_by("id"))
+        if not letters:
+            return RedriveResult(redriven=0)
+        group = letters[0].group
+        partitions = {
+            (p.topic_id, p.number): p
+            for p in models.Partition.objects.filter(
+                topic_id__in={letter.topic_id for letter in letters}
+            )
+        }
+        keys_ = {
+            (group.id, partitions[(letter.topic_id, letter.partition_number)].id, letter.subscriber)
+            for letter in letters
+            if (letter.topic_id, letter.partition_number) in partitions
+        }
+        offsets = delivery.locked_offsets(keys_)
+        redriven, missing, rows, events, done = 0, [], [], [], []
+        for letter in letters:
+            p = partitions.get((letter.topic_id, letter.partition_number))
+            position = offsets.get((group.id, p.id, letter.subscriber)) if p else None
+            if p is None or letter.offset < p.start_offset or position is None:
+                missing.append(letter.id)
+                continue
+            done.append(letter.id)
+            redriven += 1
+            events.append(
+                trace.event(
+                    letter.topic_id,
+                    letter.partition_number,
+                    letter.offset,
+                    "redriven",
+                    group=group.name,
+                    at_ms=now,
+                    by=principal.name,
+                    dead_letter_id=letter.id,
+                )
+            )
+            # At or past the delivered offset it is delivered again anyway, as a new message.
+            if letter.offset >= position.delivered_offset:
+                continue
+            rows.append(
+                models.InFlight(
+                    group=group,
+                    partition=p,
+                    subscriber=letter.subscriber,
+                    offset=letter.offset,
+                    state=models.InFlight.State.RETRY_WAIT,
+                    member_id="",
+                    receipt=delivery.new_receipt(),
+                    attempt=0,
+                    deadline_ms=now,
+                )
+            )
+        # A message already back in flight (redriven twice) keeps its row.
+        models.InFlight.objects.bulk_create(rows, ignore_conflicts=True)
+        models.DeadLetter.objects.filter(id__in=done).delete()
+        trace.record(events)
+        delivery.recompute_committed(offsets)
+    if redriven:
+        topic_ids = {letter.topic_id for letter in letters if letter.id in set(done)}
+        for topic_id in topic_ids:
+            delivery.wake(topic_id)
+    return RedriveResult(redriven=redriven, missing=tuple(missing))
+
+
+def purge_dead_letters(
+    principal: Principal,
+    group_name: str,
+    ids: list[int] | None = None,
+    *,
+    topic_name: str | None = None,
+    reason: str | None = None,
+) -> int:
+    """Delete dead letters for good: a selection (ids) or all that match; returns how many."""
+    with transaction.atomic(durable=True):
+        count, _ = _selected(principal, group_name, ids, topic_name, reason).delete()
+    return int(count)
+
+
+def dead_letter_counts(group_ids: Iterable[int]) -> dict[int, int]:
+    """How many dead letters each group holds."""
+    return dict(
+        models.DeadLetter.objects.filter(Q(group_id__in=list(group_ids)))
+        .values("group_id")
+        .annotate(n=Count("id"))
+        .values_list("group_id", "n")
+    )

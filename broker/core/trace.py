@@ -1,0 +1,79 @@
+"""Message trace: the lifecycle events of a message, per topic, kept for a while (semantics.md).
+
+Retry, dead-letter and redrive events are always recorded; produced, delivered, acked, nacked
+and rejected only on topics with trace on, so a high-volume topic stays lean.
+"""
+
+from datetime import timedelta
+from typing import Any
+
+from broker import models
+from broker import settings as ferry_settings
+from broker.core import errors, log, topics
+from broker.core.records import Principal, TraceInfo
+
+# Events recorded only on topics with trace on.
+PER_DELIVERY = frozenset({"produced", "delivered", "acked", "nacked", "rejected"})
+
+
+def event(
+    topic_id: int,
+    partition: int,
+    offset: int,
+    name: str,
+    *,
+    group: str = "",
+    member_id: str = "",
+    attempt: int | None = None,
+    at_ms: int | None = None,
+    **detail: Any,
+) -> models.TraceEvent:
+    """An unsaved trace event; callers collect them and pass them to record()."""
+    return models.TraceEvent(
+        topic_id=topic_id,
+        partition_number=partition,
+        offset=offset,
+        at_ms=at_ms if at_ms is not None else log.now_ms(),
+        event=name,
+        group=group,
+        member_id=member_id,
+        attempt=attempt,
+        detail=detail,
+    )
+
+
+def record(events: list[models.TraceEvent]) -> None:
+    """Store events in one statement. Caller holds the write transaction that caused them."""
+    if events:
+        models.TraceEvent.objects.bulk_create(events)
+
+
+def get_trace(
+    principal: Principal, topic_name: str, partition: int, offset: int
+) -> list[TraceInfo]:
+    """A message's recorded events, oldest first."""
+    topic = topics.get_topic(principal, topic_name, "consume")
+    if not 0 <= partition < topic.partition_count:
+        raise errors.PartitionNotFound(topic=topic_name, partition=partition)
+    rows = models.TraceEvent.objects.filter(
+        topic_id=topic.id, partition_number=partition, offset=offset
+    ).order_by("at_ms", "id")
+    return [
+        TraceInfo(
+            at_ms=row.at_ms,
+            event=row.event,
+            group=row.group,
+            member_id=row.member_id,
+            attempt=row.attempt,
+            detail=row.detail,
+        )
+        for row in rows
+    ]
+
+
+def purge_trace() -> int:
+    """Delete trace events older than FERRY_TRACE_RETENTION_SECONDS; returns how many."""
+    keep = timedelta(seconds=ferry_settings.get("TRACE_RETENTION_SECONDS"))
+    cutoff = log.now_ms() - int(keep.total_seconds() * 1000)
+    count, _ = models.TraceEvent.objects.filter(at_ms__lt=cutoff).delete()
+    return count

@@ -1,0 +1,210 @@
+import orjson
+import pytest
+
+from broker import models
+from broker.core import delivery, errors, groups, log, membership, retries
+from broker.core.records import NewMessage
+
+
+def produce(console, topic, count, partition=0, **fields):
+    log.append_messages(
+        console,
+        topic,
+        [NewMessage(orjson.dumps(i), partition=partition, **fields) for i in range(count)],
+    )
+
+
+def joined(console, topic, member="m", group="g", **options):
+    membership.join_group(console, group, topic, member, **options)
+    return member
+
+
+def deliver(console, topic, member="m", n=100, group="g", **options):
+    return delivery.deliver_messages(console, group, topic, member, n, **options).deliveries
+
+
+def committed(group, topic, partition=0):
+    info = groups.describe_group(groups_principal(), group)
+    for t in info.topics:
+        if t.topic == topic:
+            return next(p for p in t.partitions if p.partition == partition)
+    raise AssertionError
+
+
+def groups_principal():
+    from broker.core import keys
+
+    return keys.CONSOLE
+
+
+def test_deliver_messages__receipts_and_in_flight(topic_factory, console):
+    topic = topic_factory().name
+    produce(console, topic, 3)
+    joined(console, topic)
+    got = deliver(console, topic)
+    assert [d.message.offset for d in got] == [0, 1, 2]
+    assert all(d.attempt == 1 and d.receipt for d in got)
+    # In flight: not handed out again.
+    assert deliver(console, topic) == ()
+    lag = committed("g", topic)
+    assert (lag.committed_offset, lag.in_flight) == (0, 3)
+
+
+def test_ack_messages__out_of_order_moves_to_lowest_unsettled(topic_factory, console):
+    topic = topic_factory().name
+    produce(console, topic, 4)
+    joined(console, topic)
+    got = deliver(console, topic)
+    result = delivery.ack_messages(console, "g", [got[1].receipt, got[2].receipt])
+    assert result.settled == 2
+    assert committed("g", topic).committed_offset == 0
+    delivery.ack_messages(console, "g", [got[0].receipt])
+    assert committed("g", topic).committed_offset == 3
+    delivery.ack_messages(console, "g", [got[3].receipt])
+    assert committed("g", topic).committed_offset == 4
+    again = delivery.ack_messages(console, "g", [got[3].receipt])
+    assert (again.settled, again.stale) == (0, (got[3].receipt,))
+
+
+def test_nack_messages__retry_then_dead_letter(topic_factory, console):
+    topic = topic_factory().name
+    produce(console, topic, 1)
+    joined(console, topic)
+    membership.configure_group(console, "g", max_attempts=3, retry_delays_ms=[0])
+    attempts = []
+    for _ in range(3):
+        (d,) = deliver(console, topic)
+        attempts.append(d.attempt)
+        result = delivery.nack_messages(console, "g", [d.receipt], error="boom")
+    assert attempts == [1, 2, 3]
+    assert result.dead_lettered == 1
+    assert deliver(console, topic) == ()
+    page = retries.list_dead_letters(console, "g")
+    (letter,) = page.items
+    assert (letter.reason, letter.attempts, letter.last_error) == ("max_attempts", 3, "boom")
+    assert orjson.loads(letter.message.value) == 0
+    assert committed("g", topic).committed_offset == 1
+    # Redrive: delivered again, with a fresh attempt count.
+    assert retries.redrive_dead_letters(console, "g", [letter.id]).redriven == 1
+    (d,) = deliver(console, topic)
+    assert (d.message.offset, d.attempt) == (0, 1)
+    delivery.ack_messages(console, "g", [d.receipt])
+    assert retries.list_dead_letters(console, "g").total == 0
+
+
+def test_nack_messages__backoff_waits(topic_factory, console):
+    topic = topic_factory().name
+    produce(console, topic, 1)
+    joined(console, topic)
+    (d,) = deliver(console, topic)
+    delivery.nack_messages(console, "g", [d.receipt])
+    row = models.InFlight.objects.get()
+    assert row.state == "retry_wait"
+    assert row.deadline_ms - log.now_ms() > 9000  # RocketMQ's first level: 10 s
+    assert deliver(console, topic) == ()
+
+
+def test_reject_messages__straight_to_dead_letters(topic_factory, console):
+    topic = topic_factory().name
+    produce(console, topic, 2)
+    joined(console, topic)
+    got = deliver(console, topic)
+    delivery.reject_messages(console, "g", [got[0].receipt], error="bad")
+    (letter,) = retries.list_dead_letters(console, "g").items
+    assert (letter.reason, letter.attempts, letter.offset) == ("rejected", 1, 0)
+    assert committed("g", topic).committed_offset == 1
+
+
+def test_redeliver_expired__after_deadline(topic_factory, console):
+    topic = topic_factory().name
+    produce(console, topic, 1)
+    joined(console, topic)
+    membership.configure_group(console, "g", retry_delays_ms=[0])
+    (d,) = deliver(console, topic)
+    models.InFlight.objects.update(deadline_ms=log.now_ms() - 1)
+    assert delivery.redeliver_expired() == 1
+    (again,) = deliver(console, topic)
+    assert (again.message.offset, again.attempt) == (0, 2)
+    assert again.receipt != d.receipt
+
+
+def test_extend_deadlines(topic_factory, console):
+    topic = topic_factory().name
+    produce(console, topic, 1)
+    joined(console, topic)
+    (d,) = deliver(console, topic)
+    delivery.extend_deadlines(console, "g", [d.receipt], 600_000)
+    assert models.InFlight.objects.get().deadline_ms > log.now_ms() + 500_000
+
+
+def test_deliver_messages__ordered_one_in_flight(topic_factory, console):
+    topic = topic_factory(partitions=2).name
+    produce(console, topic, 3, partition=0)
+    produce(console, topic, 3, partition=1)
+    joined(console, topic)
+    membership.configure_group(console, "g", ordered=True, retry_delays_ms=[0])
+    got = deliver(console, topic)
+    assert sorted((d.message.partition, d.message.offset) for d in got) == [(0, 0), (1, 0)]
+    assert deliver(console, topic) == ()
+    first = next(d for d in got if d.message.partition == 0)
+    delivery.nack_messages(console, "g", [first.receipt])
+    (retry,) = deliver(console, topic)
+    assert (retry.message.partition, retry.message.offset, retry.attempt) == (0, 0, 2)
+
+
+def test_deliver_messages__broadcast(topic_factory, console):
+    topic = topic_factory(partitions=2).name
+    membership.configure_group(console, "g", mode="broadcast")
+    joined(console, topic, "a")
+    joined(console, topic, "b")
+    produce(console, topic, 2, partition=0)
+    produce(console, topic, 2, partition=1)
+    a = deliver(console, topic, "a")
+    b = deliver(console, topic, "b")
+    assert len(a) == len(b) == 4
+    delivery.ack_messages(console, "g", [d.receipt for d in a])
+    assert deliver(console, topic, "b") == ()
+
+
+def test_deliver_messages__filter(topic_factory, console):
+    topic = topic_factory().name
+    produce(console, topic, 2, tag="a")
+    produce(console, topic, 2, tag="b")
+    joined(console, topic, filter={"tags": "b"})
+    result = delivery.deliver_messages(console, "g", topic, "m", 100)
+    assert [d.message.tag for d in result.deliveries] == ["b", "b"]
+    assert result.filtered == 2
+    lag = committed("g", topic)
+    assert lag.filtered == 2
+
+
+def test_deliver_messages__ttl_dead_letters(topic_factory, console):
+    topic = topic_factory().name
+    models.Topic.objects.filter(name=topic).update(message_ttl_ms=1)
+    produce(console, topic, 1)
+    import time
+
+    time.sleep(0.01)
+    joined(console, topic)
+    result = delivery.deliver_messages(console, "g", topic, "m", 100)
+    assert (result.deliveries, result.expired) == ((), 1)
+    assert retries.list_dead_letters(console, "g").items[0].reason == "expired"
+
+
+def test_leave_group__releases_in_flight(topic_factory, console):
+    topic = topic_factory().name
+    produce(console, topic, 1)
+    joined(console, topic, "a")
+    (d,) = deliver(console, topic, "a")
+    joined(console, topic, "b")
+    membership.leave_group(console, "g", "a")
+    (again,) = deliver(console, topic, "b")
+    assert again.message.offset == 0
+
+
+def test_commit_offsets__stale_generation(topic_factory, console):
+    topic = topic_factory().name
+    produce(console, topic, 1)
+    joined(console, topic, "a")
+    with pytest.raises(errors.StaleGeneration):
+        groups.commit_offsets(console, "g", topic, {0: 1}, member_id="a", generation=0)
