@@ -16,7 +16,16 @@ from django.db.models import Sum
 
 from broker import models
 from broker import settings as ferry_settings
-from broker.core import dbthreads, errors, events, keys, partitioning, scheduling, topics
+from broker.core import (
+    dbthreads,
+    errors,
+    events,
+    keys,
+    partitioning,
+    scheduling,
+    topics,
+    trace,
+)
 from broker.core.records import (
     AppendResult,
     FetchResult,
@@ -199,6 +208,16 @@ def _append_in_transaction(topic: models.Topic, plan: list[_Planned]) -> list[Ap
                 # PostgreSQL they wait on each other instead of deadlocking.
                 for client_id, i in sorted(first_index.items())
             )
+    if to_store and topic.trace:
+        trace.record(
+            [
+                trace.event(topic.id, r.partition, r.offset, "produced", at_ms=timestamp_ms)
+                for i in to_store
+                if (r := results[i]) is not None
+                and r.partition is not None
+                and r.offset is not None
+            ]
+        )
     if delayed:
         scheduling.schedule_in_transaction(topic, delayed, results, timestamp_ms)
     for index, first in duplicate_of.items():

@@ -58,6 +58,8 @@ class TopicInfo:
     overflow_policy: str
     created_at_ms: int
     partitions: tuple[PartitionInfo, ...] = ()
+    message_ttl_ms: int | None = None
+    trace: bool = False
 
 
 # The three per-message records are NamedTuples, immutable like the dataclasses here but built

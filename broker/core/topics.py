@@ -29,6 +29,8 @@ def to_info(topic: models.Topic, partitions: list[models.Partition] | None = Non
         max_message_bytes=topic.max_message_bytes,
         capacity=topic.capacity,
         overflow_policy=topic.overflow_policy,
+        message_ttl_ms=topic.message_ttl_ms,
+        trace=topic.trace,
         created_at_ms=int(topic.created_at.timestamp() * 1000),
         partitions=tuple(
             PartitionInfo(number=p.number, start_offset=p.start_offset, end_offset=p.next_offset)
@@ -43,12 +45,14 @@ def _validate_limits(
     max_message_bytes: int | None,
     capacity: int | None,
     overflow_policy: str | None,
+    message_ttl_ms: int | None = None,
 ) -> None:
     for field, value in (
         ("retention_ms", retention_ms),
         ("retention_bytes", retention_bytes),
         ("max_message_bytes", max_message_bytes),
         ("capacity", capacity),
+        ("message_ttl_ms", message_ttl_ms),
     ):
         if value is not None and value < 1:
             raise errors.InvalidRequest(f"{field} must be at least 1.", field=field, value=value)
@@ -77,6 +81,8 @@ def create_topic(
     max_message_bytes: int | None = None,
     capacity: int | None = None,
     overflow_policy: str = models.Topic.Overflow.REJECT,
+    message_ttl_ms: int | None = None,
+    trace: bool = False,
 ) -> TopicInfo:
     """Create a topic with its partitions."""
     validate_name(name)
@@ -84,7 +90,9 @@ def create_topic(
     if partitions is None:
         partitions = ferry_settings.get("DEFAULT_PARTITIONS")
     _validate_partition_count(partitions)
-    _validate_limits(retention_ms, retention_bytes, max_message_bytes, capacity, overflow_policy)
+    _validate_limits(
+        retention_ms, retention_bytes, max_message_bytes, capacity, overflow_policy, message_ttl_ms
+    )
     try:
         with transaction.atomic(durable=True):
             topic = models.Topic.objects.create(
@@ -95,6 +103,8 @@ def create_topic(
                 max_message_bytes=max_message_bytes or ferry_settings.get("MAX_MESSAGE_BYTES"),
                 capacity=capacity,
                 overflow_policy=overflow_policy,
+                message_ttl_ms=message_ttl_ms,
+                trace=trace,
             )
             rows = models.Partition.objects.bulk_create(
                 models.Partition(topic=topic, number=n) for n in range(partitions)
@@ -149,6 +159,8 @@ def alter_topic(
     max_message_bytes: int | None = None,
     capacity: object = _UNSET,
     overflow_policy: str | None = None,
+    message_ttl_ms: object = _UNSET,
+    trace: bool | None = None,
 ) -> TopicInfo:
     """Change a topic's limits or grow its partitions; a field left out keeps its value."""
     validate_name(name)
@@ -157,6 +169,7 @@ def alter_topic(
         "retention_ms": retention_ms,
         "retention_bytes": retention_bytes,
         "capacity": capacity,
+        "message_ttl_ms": message_ttl_ms,
     }
     given = {k: v for k, v in nullable.items() if v is not _UNSET}
     _validate_limits(
@@ -165,6 +178,7 @@ def alter_topic(
         max_message_bytes,
         given.get("capacity"),  # type: ignore[arg-type]
         overflow_policy,
+        given.get("message_ttl_ms"),  # type: ignore[arg-type]
     )
     if partitions is not None:
         _validate_partition_count(partitions)
@@ -183,6 +197,9 @@ def alter_topic(
         if overflow_policy is not None:
             topic.overflow_policy = overflow_policy
             changed.append("overflow_policy")
+        if trace is not None:
+            topic.trace = trace
+            changed.append("trace")
         if partitions is not None and partitions != topic.partition_count:
             if partitions < topic.partition_count:
                 raise errors.InvalidPartitionCount(

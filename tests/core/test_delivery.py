@@ -208,3 +208,29 @@ def test_commit_offsets__stale_generation(topic_factory, console):
     joined(console, topic, "a")
     with pytest.raises(errors.StaleGeneration):
         groups.commit_offsets(console, "g", topic, {0: 1}, member_id="a", generation=0)
+
+
+def test_get_trace__lifecycle(topic_factory, console):
+    from broker.core import trace
+
+    topic = topic_factory(trace=True).name
+    produce(console, topic, 1)
+    joined(console, topic)
+    membership.configure_group(console, "g", retry_delays_ms=[0])
+    (d,) = deliver(console, topic)
+    delivery.nack_messages(console, "g", [d.receipt], error="boom")
+    (d,) = deliver(console, topic)
+    delivery.ack_messages(console, "g", [d.receipt])
+    events = [e.event for e in trace.get_trace(console, topic, 0, 0)]
+    assert events == ["produced", "delivered", "nacked", "retry_scheduled", "delivered", "acked"]
+
+
+def test_get_trace__lean_topic_keeps_retries_only(topic_factory, console):
+    from broker.core import trace
+
+    topic = topic_factory().name
+    produce(console, topic, 1)
+    joined(console, topic)
+    (d,) = deliver(console, topic)
+    delivery.reject_messages(console, "g", [d.receipt], error="no")
+    assert [e.event for e in trace.get_trace(console, topic, 0, 0)] == ["dead_lettered"]
