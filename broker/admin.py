@@ -30,13 +30,43 @@ class PartitionAdmin(ReadOnlyAdmin):
 
 @admin.register(models.ConsumerGroup)
 class ConsumerGroupAdmin(ReadOnlyAdmin):
-    list_display = ("name", "created_at")
+    list_display = ("name", "mode", "strategy", "ordered", "generation", "created_at")
 
 
 @admin.register(models.GroupOffset)
 class GroupOffsetAdmin(ReadOnlyAdmin):
-    list_display = ("group", "partition", "committed_offset", "updated_at")
+    list_display = (
+        "group",
+        "partition",
+        "subscriber",
+        "committed_offset",
+        "delivered_offset",
+        "filtered_count",
+        "updated_at",
+    )
     list_select_related = ("group", "partition__topic")
+
+
+@admin.register(models.InFlight)
+class InFlightAdmin(ReadOnlyAdmin):
+    list_display = ("group", "partition", "offset", "state", "member_id", "attempt", "deadline_ms")
+    list_filter = ("state",)
+    list_select_related = ("group", "partition__topic")
+
+
+@admin.register(models.DeadLetter)
+class DeadLetterAdmin(ReadOnlyAdmin):
+    list_display = ("group", "topic", "partition_number", "offset", "reason", "attempts", "dead_ms")
+    list_filter = ("reason",)
+    list_select_related = ("group", "topic")
+    exclude = ("value",)
+
+
+@admin.register(models.TraceEvent)
+class TraceEventAdmin(ReadOnlyAdmin):
+    list_display = ("topic", "partition_number", "offset", "event", "group", "member_id", "at_ms")
+    list_filter = ("event",)
+    list_select_related = ("topic",)
 
 
 @admin.register(models.ApiKey)

@@ -1,5 +1,9 @@
 """WebSocket routes under /ws/v1/ (docs/websocket.md)."""
 
-from django.urls import URLPattern
+from django.urls import URLPattern, path
 
-websocket_urlpatterns: list[URLPattern] = []
+from broker import consumers
+
+websocket_urlpatterns: list[URLPattern] = [
+    path("ws/v1/", consumers.BrokerConsumer.as_asgi()),  # type: ignore[arg-type]
+]

@@ -208,6 +208,7 @@ def _info(group: models.ConsumerGroup, member: models.GroupMember, topic_name: s
         heartbeat_interval_ms=ferry_settings.get("HEARTBEAT_INTERVAL_MS"),
         mode=group.mode,
         filter=member.filter,
+        topic_id=member.topic_id,
     )
 
 
@@ -218,16 +219,24 @@ def join_group(
     member_id: str | None = None,
     *,
     filter: dict[str, Any] | None = None,
+    start: str = "earliest",
+    start_timestamp_ms: int | None = None,
 ) -> MemberInfo:
     """Join (or rejoin) a group as a consumer of a topic with a subscription filter.
 
-    Returns the member's partitions; a rejoin may change the filter.
+    Returns the member's partitions; a rejoin may change the filter. start says where the
+    group (in broadcast mode: this member) begins on partitions where it has no position yet:
+    earliest, latest or timestamp (Kafka's auto.offset.reset); an existing position is kept.
     """
     groups.validate_group_name(group_name)
     topic = topics.get_topic(principal, topic_name, "consume")
     member_id = member_id or uuid.uuid4().hex
     _validate_member_id(member_id)
     filters.parse_filter(filter)  # refuse a bad filter before anything is stored
+    if start not in START_POSITIONS:
+        raise errors.InvalidRequest(f"start is one of {', '.join(START_POSITIONS)}.", start=start)
+    if start == "timestamp" and start_timestamp_ms is None:
+        raise errors.InvalidRequest("Starting at a timestamp needs start_timestamp_ms.")
     now = log.now_ms()
     with transaction.atomic(durable=True):
         group = locked_group(group_name)
@@ -249,10 +258,44 @@ def join_group(
             member.heartbeat_ms = now
             member.filter = filter
             member.save(update_fields=["topic", "heartbeat_ms", "filter"])
+        _start_positions(group, member, start, start_timestamp_ms)
         rebalance(group, topic.id)
         if moved_from is not None:
             rebalance(group, moved_from)
         return _info(group, member, topic.name)
+
+
+START_POSITIONS = ("earliest", "latest", "timestamp")
+
+
+def _start_positions(
+    group: models.ConsumerGroup, member: models.GroupMember, start: str, timestamp_ms: int | None
+) -> None:
+    """Give the member's offsets a position where they have none. Caller holds the group lock."""
+    subscriber = member.member_id if group.mode == models.ConsumerGroup.Mode.BROADCAST else ""
+    have = set(
+        models.GroupOffset.objects.filter(
+            group=group, subscriber=subscriber, partition__topic_id=member.topic_id
+        ).values_list("partition_id", flat=True)
+    )
+    rows = []
+    for p in models.Partition.objects.filter(topic_id=member.topic_id).exclude(id__in=have):
+        if start == "latest":
+            position = p.next_offset
+        elif start == "timestamp":
+            position = log.offset_for_timestamp(p, timestamp_ms or 0)
+        else:
+            position = p.start_offset
+        rows.append(
+            models.GroupOffset(
+                group=group,
+                partition=p,
+                subscriber=subscriber,
+                committed_offset=position,
+                delivered_offset=position,
+            )
+        )
+    models.GroupOffset.objects.bulk_create(rows, ignore_conflicts=True)
 
 
 def _member(

@@ -218,6 +218,7 @@ class MemberInfo:
     heartbeat_interval_ms: int
     mode: str = "clustering"
     filter: dict[str, Any] | None = None
+    topic_id: int = 0
 
 
 @dataclass(frozen=True)

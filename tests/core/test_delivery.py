@@ -234,3 +234,25 @@ def test_get_trace__lean_topic_keeps_retries_only(topic_factory, console):
     (d,) = deliver(console, topic)
     delivery.reject_messages(console, "g", [d.receipt], error="no")
     assert [e.event for e in trace.get_trace(console, topic, 0, 0)] == ["dead_lettered"]
+
+
+def test_join_group__start_latest_only_without_a_position(topic_factory, console):
+    topic = topic_factory().name
+    produce(console, topic, 2)
+    joined(console, topic, start="latest")
+    produce(console, topic, 1)
+    assert [d.message.offset for d in deliver(console, topic)] == [2]
+    # A rejoin keeps the group's position.
+    membership.leave_group(console, "g", "m")
+    produce(console, topic, 1)
+    joined(console, topic, start="latest")
+    # Offset 2 left in flight comes back at once; 0 and 1 stay behind the kept position.
+    assert sorted(d.message.offset for d in deliver(console, topic)) == [2, 3]
+
+
+def test_join_group__start_timestamp(topic_factory, console):
+    topic = topic_factory().name
+    produce(console, topic, 2)
+    models.Message.objects.filter(offset=0).update(timestamp_ms=1)
+    joined(console, topic, start="timestamp", start_timestamp_ms=2)
+    assert [d.message.offset for d in deliver(console, topic)] == [1]

@@ -1,0 +1,462 @@
+"""The WebSocket edge under /ws/v1/: subscribe, push within credit, settle, publish.
+
+See docs/websocket.md. Each subscription is a group member: it joins on subscribe, leaves on
+unsubscribe or disconnect (its unsettled messages go back to the group at once), and its push
+task delivers through the same core calls as a REST member poll, woken by the channel layer
+when messages are appended or come back for redelivery.
+"""
+
+import asyncio
+import contextlib
+import functools
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import parse_qs
+
+import orjson
+from channels.generic.websocket import AsyncWebsocketConsumer
+from pydantic import ValidationError
+from typing_extensions import override
+
+from broker import frames, wire
+from broker import settings as ferry_settings
+from broker.core import dbthreads, delivery, errors, events, keys, log, membership
+from broker.core.records import AppendResult, MemberInfo, Principal
+
+logger = logging.getLogger(__name__)
+
+# Close codes: RFC 6455's "message too big", and ours in the 4000 range (docs/websocket.md).
+CLOSE_TOO_BIG = 1009
+CLOSE_GOING_AWAY = 1001
+CLOSE_UNAUTHENTICATED = 4401
+
+
+class FrameTooLarge(errors.BrokerError):
+    """The frame is larger than the server accepts."""
+
+    code = "frame_too_large"
+
+
+class UnknownFrame(errors.InvalidRequest):
+    """The frame's type is not one this server knows."""
+
+    code = "unknown_frame"
+
+
+class InvalidFrame(errors.InvalidRequest):
+    """The frame is not valid."""
+
+    code = "invalid_frame"
+
+
+class SubscriptionNotFound(errors.BrokerError):
+    """No subscription of this connection has that id."""
+
+    code = "subscription_not_found"
+    template = "No subscription {sub!r} on this connection."
+
+
+@dataclass
+class Subscription:
+    sub: str
+    group: str
+    topic: str
+    topic_id: int
+    member_id: str
+    generation: int
+    partitions: tuple[int, ...]
+    # Messages the server may still push: prefetch, minus pushed, plus settled and granted.
+    credit: int
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    task: asyncio.Task[None] | None = None
+    last_beat: float = 0.0
+
+
+def _token(scope: Any) -> str | None:
+    """A bearer key from the Authorization header, else the token query parameter (browsers)."""
+    for name, value in scope.get("headers", ()):
+        if name == b"authorization":
+            scheme, _, token = value.decode("latin-1").partition(" ")
+            if scheme.lower() == "bearer" and token:
+                return token.strip()
+    query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+    return query.get("token", [None])[0]
+
+
+def _error(exc: errors.BrokerError, ref: frames.Ref = None, sub: str | None = None) -> bytes:
+    frame: dict[str, Any] = {
+        "type": "error",
+        "error": {"code": exc.code, "message": exc.message, "detail": exc.detail},
+        "ref": ref,
+    }
+    if sub is not None:
+        frame["sub"] = sub
+    return orjson.dumps(frame)
+
+
+class BrokerConsumer(AsyncWebsocketConsumer):
+    """One WebSocket connection: its key, its subscriptions, and their push tasks."""
+
+    principal: Principal | None
+    subs: dict[str, Subscription]
+
+    @override
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        except asyncio.CancelledError:
+            # The server is shutting down (Daphne cancels its applications): tell the client,
+            # and hand this connection's unsettled messages back to their groups.
+            with contextlib.suppress(Exception):
+                await self._send_frame({"type": "closing", "reason": "server shutting down"})
+            await self._leave_all()
+            with contextlib.suppress(Exception):
+                await self.close(code=CLOSE_GOING_AWAY)
+            raise
+
+    @override
+    async def connect(self) -> None:
+        self.principal = None
+        self.subs = {}
+        await self.accept()
+        token = _token(self.scope)
+        if token is None:
+            return
+        try:
+            self.principal = await dbthreads.run(keys.authenticate, token)
+        except errors.BrokerError as exc:
+            await self._send_raw(_error(exc))
+            await self.close(code=CLOSE_UNAUTHENTICATED)
+
+    @override
+    async def disconnect(self, code: int) -> None:
+        await self._leave_all()
+
+    async def _leave_all(self) -> None:
+        subs, self.subs = getattr(self, "subs", {}), {}
+        for s in subs.values():
+            await self._stop(s)
+
+    async def _stop(self, s: Subscription) -> None:
+        if s.task is not None:
+            s.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await s.task
+        if self.principal is not None:
+            with contextlib.suppress(errors.MemberNotFound):
+                await dbthreads.run(membership.leave_group, self.principal, s.group, s.member_id)
+        if not any(other.topic_id == s.topic_id for other in self.subs.values()):
+            await self.channel_layer.group_discard(
+                events.topic_group(s.topic_id), self.channel_name
+            )
+
+    async def _send_raw(self, data: bytes) -> None:
+        await self.send(text_data=data.decode())
+
+    async def _send_frame(self, frame: dict[str, Any]) -> None:
+        await self._send_raw(orjson.dumps(frame))
+
+    @override
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+        data: str | bytes = text_data if text_data is not None else (bytes_data or b"")
+        limit = ferry_settings.get("WS_MAX_FRAME_BYTES")
+        size = len(data.encode() if isinstance(data, str) else data)
+        if size > limit:
+            exc = FrameTooLarge(
+                f"The frame is {size} bytes; this server accepts at most {limit}.",
+                size=size,
+                limit=limit,
+            )
+            await self._send_raw(_error(exc))
+            await self.close(code=CLOSE_TOO_BIG)
+            return
+        try:
+            raw = orjson.loads(data)
+        except orjson.JSONDecodeError as exc:
+            await self._send_raw(_error(errors.MalformedJson(f"The frame is not JSON: {exc}")))
+            return
+        ref = raw.get("ref") if isinstance(raw, dict) else None
+        if not isinstance(ref, str | int) or isinstance(ref, bool):
+            ref = None
+        sub = raw.get("sub") if isinstance(raw, dict) else None
+        try:
+            frame = self._parse(raw)
+            if frame.type != "auth" and self.principal is None:
+                raise errors.Unauthenticated(
+                    "Send an auth frame first (or connect with an Authorization header)."
+                )
+            await HANDLERS[frame.type](self, frame)
+        except errors.BrokerError as exc:
+            await self._send_raw(_error(exc, ref, sub if isinstance(sub, str) else None))
+
+    @staticmethod
+    def _parse(raw: Any) -> Any:
+        if not isinstance(raw, dict) or not isinstance(raw.get("type"), str):
+            raise InvalidFrame('A frame is a JSON object with a "type".')
+        if raw["type"] not in frames.TYPES:
+            raise UnknownFrame(f"Unknown frame type {raw['type']!r}.", type=raw["type"])
+        try:
+            return frames.client_frame.validate_python(raw)
+        except ValidationError as exc:
+            details = exc.errors(include_url=False, include_context=False, include_input=False)
+            raise InvalidFrame(
+                f"Invalid {raw['type']} frame: "
+                + "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in details),
+                errors=[{"loc": list(e["loc"]), "msg": e["msg"]} for e in details],
+            ) from None
+
+    # Frame handlers: parse is done; one core call each, then a reply frame.
+
+    async def on_auth(self, frame: frames.AuthFrame) -> None:
+        self.principal = await dbthreads.run(keys.authenticate, frame.token)
+        await self._send_frame(
+            {"type": "authenticated", "ref": frame.ref, "key": self.principal.name}
+        )
+
+    async def on_ping(self, frame: frames.PingFrame) -> None:
+        await self._send_frame({"type": "pong", "ref": frame.ref, "time_ms": log.now_ms()})
+
+    async def on_subscribe(self, frame: frames.SubscribeFrame) -> None:
+        if frame.sub in self.subs:
+            raise errors.InvalidRequest(f"Subscription {frame.sub!r} exists on this connection.")
+        principal = self._principal()
+        info: MemberInfo = await dbthreads.run(
+            functools.partial(
+                membership.join_group,
+                principal,
+                frame.group,
+                frame.topic,
+                frame.member_id,
+                filter=frame.filter,
+                start="earliest" if frame.start == "committed" else frame.start,
+                start_timestamp_ms=frame.timestamp_ms,
+            )
+        )
+        s = Subscription(
+            sub=frame.sub,
+            group=info.group,
+            topic=info.topic,
+            topic_id=info.topic_id,
+            member_id=info.member_id,
+            generation=info.generation,
+            partitions=info.partitions,
+            credit=frame.prefetch,
+            last_beat=asyncio.get_running_loop().time(),
+        )
+        self.subs[s.sub] = s
+        await self.channel_layer.group_add(events.topic_group(s.topic_id), self.channel_name)
+        await self._send_frame(
+            {
+                "type": "subscribed",
+                "ref": frame.ref,
+                "sub": s.sub,
+                "group": s.group,
+                "topic": s.topic,
+                "member_id": s.member_id,
+                "mode": info.mode,
+                "generation": s.generation,
+                "partitions": list(s.partitions),
+                "heartbeat_interval_ms": info.heartbeat_interval_ms,
+            }
+        )
+        s.task = asyncio.create_task(self._pump(s))
+
+    async def on_unsubscribe(self, frame: frames.UnsubscribeFrame) -> None:
+        s = self._sub(frame.sub)
+        del self.subs[s.sub]
+        await self._stop(s)
+        await self._send_frame({"type": "unsubscribed", "ref": frame.ref, "sub": s.sub})
+
+    async def _settle(
+        self, frame: Any, name: str, call: Callable[..., Any], *args: Any, **kwargs: Any
+    ) -> None:
+        s = self._sub(frame.sub)
+        result = await dbthreads.run(
+            functools.partial(call, self._principal(), s.group, frame.receipts, *args, **kwargs)
+        )
+        if name != "extended":
+            # Settled messages open the window again (back-pressure).
+            s.credit += result.settled
+            s.wake.set()
+        await self._send_frame(
+            {
+                "type": name,
+                "ref": frame.ref,
+                "sub": s.sub,
+                "settled": result.settled,
+                "stale": list(result.stale),
+                "dead_lettered": result.dead_lettered,
+            }
+        )
+
+    async def on_ack(self, frame: frames.AckFrame) -> None:
+        await self._settle(frame, "acked", delivery.ack_messages)
+
+    async def on_nack(self, frame: frames.NackFrame) -> None:
+        await self._settle(
+            frame, "nacked", delivery.nack_messages, error=frame.error, delay_ms=frame.delay_ms
+        )
+
+    async def on_reject(self, frame: frames.RejectFrame) -> None:
+        await self._settle(frame, "rejected", delivery.reject_messages, error=frame.error)
+
+    async def on_extend(self, frame: frames.ExtendFrame) -> None:
+        await self._settle(frame, "extended", delivery.extend_deadlines, frame.extend_ms)
+
+    async def on_credit(self, frame: frames.CreditFrame) -> None:
+        s = self._sub(frame.sub)
+        s.credit += frame.n
+        s.wake.set()
+        await self._send_frame(
+            {"type": "credited", "ref": frame.ref, "sub": s.sub, "credit": s.credit}
+        )
+
+    async def on_publish(self, frame: frames.PublishFrame) -> None:
+        results = await dbthreads.run(
+            log.append_messages, self._principal(), frame.topic, frame.to_new_messages()
+        )
+        await self._send_frame(
+            {"type": "published", "ref": frame.ref, "results": [_append_out(r) for r in results]}
+        )
+
+    def _principal(self) -> Principal:
+        if self.principal is None:
+            raise errors.Unauthenticated()
+        return self.principal
+
+    def _sub(self, sub: str) -> Subscription:
+        s = self.subs.get(sub)
+        if s is None:
+            raise SubscriptionNotFound(sub=sub)
+        return s
+
+    # Channel-layer events: wake-ups only; the push task reads the database itself.
+
+    async def ferry_messages_appended(self, event: dict[str, Any]) -> None:
+        self._wake(event["topic_id"])
+
+    async def ferry_messages_returned(self, event: dict[str, Any]) -> None:
+        self._wake(event["topic_id"])
+
+    def _wake(self, topic_id: int) -> None:
+        for s in self.subs.values():
+            if s.topic_id == topic_id:
+                s.wake.set()
+
+    # The push task of one subscription.
+
+    async def _pump(self, s: Subscription) -> None:
+        try:
+            await self._push_loop(s)
+        except asyncio.CancelledError:
+            raise
+        except errors.BrokerError as exc:
+            # The topic went away or the key lost its permission: the subscription ends.
+            self.subs.pop(s.sub, None)
+            await self._send_raw(_error(exc, sub=s.sub))
+        except Exception:
+            logger.exception("push task of subscription %s failed", s.sub)
+            self.subs.pop(s.sub, None)
+            await self._send_raw(_error(errors.BrokerError("The subscription failed."), sub=s.sub))
+
+    async def _push_loop(self, s: Subscription) -> None:
+        loop = asyncio.get_running_loop()
+        principal = self._principal()
+        batch = ferry_settings.get("WS_PUSH_BATCH")
+        while True:
+            interval = ferry_settings.get("HEARTBEAT_INTERVAL_MS") / 1000
+            s.wake.clear()
+            if s.credit > 0:
+                try:
+                    result = await dbthreads.run(
+                        delivery.deliver_messages,
+                        principal,
+                        s.group,
+                        s.topic,
+                        s.member_id,
+                        min(s.credit, batch),
+                    )
+                except errors.MemberNotFound:
+                    await self._rejoin(s)
+                    continue
+                s.last_beat = loop.time()
+                if result.generation != s.generation:
+                    await self._heartbeat(s)
+                if result.deliveries:
+                    s.credit -= len(result.deliveries)
+                    await self._send_frame(
+                        {
+                            "type": "messages",
+                            "sub": s.sub,
+                            "items": [wire.delivery_out(d) for d in result.deliveries],
+                        }
+                    )
+                    continue
+                if result.filtered or result.expired:
+                    continue  # the filter skipped a long run: keep scanning
+            elif loop.time() - s.last_beat >= interval:
+                await self._heartbeat(s)
+            # Wait for a wake-up (messages appended or returned, an ack, a credit frame), or
+            # until the next heartbeat is due.
+            timeout = max(0.05, interval - (loop.time() - s.last_beat))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(s.wake.wait(), timeout)
+
+    async def _heartbeat(self, s: Subscription) -> None:
+        try:
+            info = await dbthreads.run(
+                membership.heartbeat, self._principal(), s.group, s.member_id
+            )
+        except errors.MemberNotFound:
+            await self._rejoin(s)
+            return
+        s.last_beat = asyncio.get_running_loop().time()
+        await self._assigned(s, info)
+
+    async def _rejoin(self, s: Subscription) -> None:
+        # Expired (the process stalled past the session timeout): join again under the same id.
+        info = await dbthreads.run(
+            membership.join_group, self._principal(), s.group, s.topic, s.member_id
+        )
+        await self._assigned(s, info)
+
+    async def _assigned(self, s: Subscription, info: MemberInfo) -> None:
+        if (info.generation, info.partitions) == (s.generation, s.partitions):
+            return
+        s.generation, s.partitions = info.generation, info.partitions
+        await self._send_frame(
+            {
+                "type": "assigned",
+                "sub": s.sub,
+                "generation": s.generation,
+                "partitions": list(s.partitions),
+            }
+        )
+
+
+def _append_out(r: AppendResult) -> dict[str, Any]:
+    if r.partition is not None:
+        return {"partition": r.partition, "offset": r.offset, "duplicate": r.duplicate}
+    return {
+        "scheduled_id": r.scheduled_id,
+        "deliver_at_ms": r.deliver_at_ms,
+        "duplicate": r.duplicate,
+    }
+
+
+Handler = Callable[[BrokerConsumer, Any], Awaitable[None]]
+HANDLERS: dict[str, Handler] = {
+    "auth": BrokerConsumer.on_auth,
+    "ping": BrokerConsumer.on_ping,
+    "subscribe": BrokerConsumer.on_subscribe,
+    "unsubscribe": BrokerConsumer.on_unsubscribe,
+    "ack": BrokerConsumer.on_ack,
+    "nack": BrokerConsumer.on_nack,
+    "reject": BrokerConsumer.on_reject,
+    "extend": BrokerConsumer.on_extend,
+    "credit": BrokerConsumer.on_credit,
+    "publish": BrokerConsumer.on_publish,
+}
+assert set(HANDLERS) == frames.TYPES, "every client frame type has one handler"  # noqa: S101

@@ -1,0 +1,109 @@
+"""Client frames of the WebSocket protocol under /ws/v1/ (docs/websocket.md); no rules live here."""
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+from broker.schemas import ProduceIn
+
+SubId = Annotated[str, Field(min_length=1, max_length=100)]
+Receipts = Annotated[list[str], Field(min_length=1, max_length=10_000)]
+Ref = str | int | None
+
+
+class Frame(BaseModel):
+    # A misspelt field must not be silently dropped.
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    ref: Ref = None
+
+
+class AuthFrame(Frame):
+    type: Literal["auth"]
+    token: str
+
+
+class SubscribeFrame(Frame):
+    type: Literal["subscribe"]
+    sub: SubId
+    topic: str
+    group: str
+    member_id: str | None = None
+    filter: dict[str, Any] | None = None
+    prefetch: int = Field(100, ge=1, le=10_000)
+    # Where to begin where the group (broadcast: the member) has no position yet.
+    start: Literal["committed", "earliest", "latest", "timestamp"] = Field(
+        "committed", alias="from"
+    )
+    timestamp_ms: int | None = None
+
+
+class UnsubscribeFrame(Frame):
+    type: Literal["unsubscribe"]
+    sub: SubId
+
+
+class AckFrame(Frame):
+    type: Literal["ack"]
+    sub: SubId
+    receipts: Receipts
+
+
+class NackFrame(Frame):
+    type: Literal["nack"]
+    sub: SubId
+    receipts: Receipts
+    error: str = ""
+    delay_ms: int | None = None
+
+
+class RejectFrame(Frame):
+    type: Literal["reject"]
+    sub: SubId
+    receipts: Receipts
+    error: str = ""
+
+
+class ExtendFrame(Frame):
+    type: Literal["extend"]
+    sub: SubId
+    receipts: Receipts
+    extend_ms: int
+
+
+class CreditFrame(Frame):
+    type: Literal["credit"]
+    sub: SubId
+    n: int = Field(ge=1, le=1_000_000)
+
+
+class PublishFrame(ProduceIn):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["publish"]
+    ref: Ref = None
+    topic: str
+
+
+class PingFrame(Frame):
+    type: Literal["ping"]
+
+
+ClientFrame = Annotated[
+    AuthFrame
+    | SubscribeFrame
+    | UnsubscribeFrame
+    | AckFrame
+    | NackFrame
+    | RejectFrame
+    | ExtendFrame
+    | CreditFrame
+    | PublishFrame
+    | PingFrame,
+    Field(discriminator="type"),
+]
+client_frame = TypeAdapter(ClientFrame)
+TYPES = frozenset(
+    {"auth", "subscribe", "unsubscribe", "ack", "nack", "reject", "extend", "credit", "publish"}
+    | {"ping"}
+)

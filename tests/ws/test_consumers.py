@@ -1,0 +1,228 @@
+"""The WebSocket protocol through Channels' communicator (docs/websocket.md)."""
+
+import contextlib
+
+import orjson
+import pytest
+from channels.testing import WebsocketCommunicator
+
+from broker.core import keys, log, membership, topics
+from broker.core.records import NewMessage
+from mqsite.asgi import application
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+async def connect(secret=None, path="/ws/v1/", headers=None):
+    url = f"{path}?token={secret}" if secret and headers is None else path
+    comm = WebsocketCommunicator(
+        application, url, headers=headers or [(b"origin", b"http://localhost")]
+    )
+    connected, _ = await comm.connect()
+    assert connected
+    return comm
+
+
+async def send(comm, frame):
+    await comm.send_to(text_data=orjson.dumps(frame).decode())
+
+
+async def recv(comm, timeout=3):
+    return orjson.loads(await comm.receive_from(timeout=timeout))
+
+
+async def recv_type(comm, kind, timeout=3):
+    while True:
+        frame = await recv(comm, timeout)
+        if frame["type"] == kind:
+            return frame
+
+
+@contextlib.asynccontextmanager
+async def session(secret):
+    comm = await connect(secret)
+    try:
+        yield comm
+    finally:
+        await comm.disconnect()
+
+
+def make_key(*perms):
+    from asgiref.sync import sync_to_async
+
+    async def inner():
+        return await sync_to_async(
+            lambda: keys.create_api_key(
+                keys.CONSOLE,
+                f"k{id(perms)}-{len(perms)}",
+                [keys.parse_permission(p) for p in perms],
+            )[1]
+        )()
+
+    return inner()
+
+
+async def sync(fn, *args, **kwargs):
+    from asgiref.sync import sync_to_async
+
+    return await sync_to_async(fn)(*args, **kwargs)
+
+
+async def new_topic(name, partitions=1, **options):
+    return await sync(topics.create_topic, keys.CONSOLE, name, partitions, **options)
+
+
+async def produce(name, values, **fields):
+    return await sync(
+        log.append_messages,
+        keys.CONSOLE,
+        name,
+        [NewMessage(orjson.dumps(v), **fields) for v in values],
+    )
+
+
+async def test_subscribe__pushes_and_acks():
+    secret = await make_key("admin:*")
+    await new_topic("t1")
+    await produce("t1", [1, 2, 3])
+    async with session(secret) as ws:
+        await send(ws, {"type": "subscribe", "sub": "s", "topic": "t1", "group": "g", "ref": 1})
+        subscribed = await recv(ws)
+        assert subscribed["type"] == "subscribed"
+        assert subscribed["partitions"] == [0]
+        frame = await recv_type(ws, "messages")
+        assert [m["value"] for m in frame["items"]] == [1, 2, 3]
+        assert all(m["attempt"] == 1 and m["receipt"] for m in frame["items"])
+        await send(
+            ws, {"type": "ack", "sub": "s", "receipts": [m["receipt"] for m in frame["items"]]}
+        )
+        acked = await recv_type(ws, "acked")
+        assert acked["settled"] == 3
+        # New messages are pushed as they are committed.
+        await produce("t1", [4])
+        frame = await recv_type(ws, "messages")
+        assert [m["value"] for m in frame["items"]] == [4]
+
+
+async def test_subscribe__credit_is_never_exceeded():
+    secret = await make_key("admin:*")
+    await new_topic("t2")
+    await produce("t2", list(range(10)))
+    async with session(secret) as ws:
+        await send(
+            ws, {"type": "subscribe", "sub": "s", "topic": "t2", "group": "g", "prefetch": 3}
+        )
+        await recv_type(ws, "subscribed")
+        frame = await recv_type(ws, "messages")
+        assert len(frame["items"]) == 3
+        assert await ws.receive_nothing(timeout=0.3)
+        await send(ws, {"type": "ack", "sub": "s", "receipts": [frame["items"][0]["receipt"]]})
+        await recv_type(ws, "acked")
+        frame = await recv_type(ws, "messages")
+        assert len(frame["items"]) == 1
+        await send(ws, {"type": "credit", "sub": "s", "n": 2})
+        frame = await recv_type(ws, "messages")
+        assert len(frame["items"]) == 2
+
+
+async def test_nack__redelivered_with_next_attempt():
+    secret = await make_key("admin:*")
+    await new_topic("t3")
+    await sync(membership.configure_group, keys.CONSOLE, "g", retry_delays_ms=[0])
+    await produce("t3", ["x"])
+    async with session(secret) as ws:
+        await send(ws, {"type": "subscribe", "sub": "s", "topic": "t3", "group": "g"})
+        item = (await recv_type(ws, "messages"))["items"][0]
+        await send(ws, {"type": "nack", "sub": "s", "receipts": [item["receipt"]], "error": "e"})
+        await recv_type(ws, "nacked")
+        again = (await recv_type(ws, "messages"))["items"][0]
+        assert (again["offset"], again["attempt"]) == (0, 2)
+        await send(ws, {"type": "reject", "sub": "s", "receipts": [again["receipt"]]})
+        assert (await recv_type(ws, "rejected"))["dead_lettered"] == 1
+
+
+async def test_disconnect__redelivers_to_another_member():
+    secret = await make_key("admin:*")
+    await new_topic("t4")
+    await produce("t4", ["x"])
+    a = await connect(secret)
+    await send(a, {"type": "subscribe", "sub": "s", "topic": "t4", "group": "g"})
+    assert (await recv_type(a, "messages"))["items"][0]["value"] == "x"
+    async with session(secret) as b:
+        await send(b, {"type": "subscribe", "sub": "s", "topic": "t4", "group": "g"})
+        await recv_type(b, "subscribed")
+        await a.disconnect()
+        item = (await recv_type(b, "messages", timeout=5))["items"][0]
+        assert item["value"] == "x"
+
+
+async def test_publish__durable_and_idempotent():
+    secret = await make_key("admin:*")
+    await new_topic("t5")
+    async with session(secret) as ws:
+        frame = {
+            "type": "publish",
+            "ref": "p1",
+            "topic": "t5",
+            "messages": [{"value": 1, "id": "a"}],
+        }
+        await send(ws, frame)
+        first = await recv_type(ws, "published")
+        await send(ws, frame)
+        second = await recv_type(ws, "published")
+    assert first["ref"] == "p1"
+    assert first["results"][0]["offset"] == 0
+    assert not first["results"][0]["duplicate"]
+    assert second["results"][0]["duplicate"]
+
+
+async def test_malformed_frames__error_and_still_usable():
+    secret = await make_key("admin:*")
+    async with session(secret) as ws:
+        await ws.send_to(text_data="{nope")
+        assert (await recv(ws))["error"]["code"] == "malformed_json"
+        await send(ws, {"type": "warp", "ref": 7})
+        error = await recv(ws)
+        assert (error["error"]["code"], error["ref"]) == ("unknown_frame", 7)
+        await send(ws, {"type": "subscribe", "sub": "s"})
+        assert (await recv(ws))["error"]["code"] == "invalid_frame"
+        await send(ws, {"type": "ack", "sub": "nope", "receipts": ["r"]})
+        assert (await recv(ws))["error"]["code"] == "subscription_not_found"
+        await send(ws, {"type": "ping", "ref": "x"})
+        assert (await recv(ws))["type"] == "pong"
+
+
+async def test_auth__frame_header_and_permissions():
+    secret = await make_key("consume:other.*")
+    await new_topic("t6")
+    ws = await connect()
+    try:
+        await send(ws, {"type": "subscribe", "sub": "s", "topic": "t6", "group": "g"})
+        assert (await recv(ws))["error"]["code"] == "unauthenticated"
+        await send(ws, {"type": "auth", "token": "wrong"})
+        assert (await recv(ws))["error"]["code"] == "unauthenticated"
+        await send(ws, {"type": "auth", "token": secret})
+        assert (await recv(ws))["type"] == "authenticated"
+        await send(ws, {"type": "subscribe", "sub": "s", "topic": "t6", "group": "g"})
+        assert (await recv(ws))["error"]["code"] == "permission_denied"
+    finally:
+        await ws.disconnect()
+    header = await connect(
+        headers=[(b"authorization", f"Bearer {secret}".encode()), (b"origin", b"http://localhost")]
+    )
+    await send(header, {"type": "ping"})
+    assert (await recv(header))["type"] == "pong"
+    await header.disconnect()
+
+
+async def test_frame_too_large__closes():
+    from django.test import override_settings
+
+    secret = await make_key("admin:*")
+    with override_settings(FERRY_WS_MAX_FRAME_BYTES=100):
+        ws = await connect(secret)
+        await ws.send_to(text_data="x" * 200)
+        assert (await recv(ws))["error"]["code"] == "frame_too_large"
+        closed = await ws.receive_output(timeout=1)
+        assert closed == {"type": "websocket.close", "code": 1009}
+        await ws.disconnect()
