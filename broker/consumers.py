@@ -10,6 +10,8 @@ import asyncio
 import contextlib
 import functools
 import logging
+import sys
+import weakref
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -96,30 +98,69 @@ def _error(exc: errors.BrokerError, ref: frames.Ref = None, sub: str | None = No
     return orjson.dumps(frame)
 
 
+# Open connections, for a graceful shutdown.
+_live: "weakref.WeakSet[BrokerConsumer]" = weakref.WeakSet()
+_shutdown_hooked = False
+SHUTDOWN_TIMEOUT_S = 10
+CLOSE_WAIT_S = 2
+
+
+def _hook_shutdown() -> None:
+    """Under Daphne, tell subscribers and return their messages before the reactor stops.
+
+    Daphne's own "before shutdown" step, which cancels applications, fails with a KeyError in
+    daphne 4.2 and the connections are then dropped unannounced; a trigger of our own runs
+    first and the reactor waits for its Deferred.
+    """
+    global _shutdown_hooked
+    if _shutdown_hooked or "twisted.internet.reactor" not in sys.modules:
+        return
+    _shutdown_hooked = True
+    from twisted.internet import defer, reactor
+
+    def before_shutdown() -> "defer.Deferred[None]":
+        return defer.Deferred.fromFuture(asyncio.ensure_future(_close_all()))
+
+    reactor.addSystemEventTrigger("before", "shutdown", before_shutdown)  # type: ignore[arg-type]
+
+
+async def _close_all() -> None:
+    consumers = list(_live)
+    if consumers:
+        await asyncio.wait(
+            [asyncio.ensure_future(c.close_for_shutdown()) for c in consumers],
+            timeout=SHUTDOWN_TIMEOUT_S,
+        )
+
+
 class BrokerConsumer(AsyncWebsocketConsumer):
     """One WebSocket connection: its key, its subscriptions, and their push tasks."""
 
     principal: Principal | None
     subs: dict[str, Subscription]
+    closed: asyncio.Event
 
-    @override
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+    async def close_for_shutdown(self) -> None:
+        """Say goodbye, hand unsettled messages back to their groups, close with 1001."""
+        with contextlib.suppress(Exception):
+            await self._send_frame({"type": "closing", "reason": "server shutting down"})
         try:
-            await super().__call__(scope, receive, send)
-        except asyncio.CancelledError:
-            # The server is shutting down (Daphne cancels its applications): tell the client,
-            # and hand this connection's unsettled messages back to their groups.
-            with contextlib.suppress(Exception):
-                await self._send_frame({"type": "closing", "reason": "server shutting down"})
             await self._leave_all()
-            with contextlib.suppress(Exception):
-                await self.close(code=CLOSE_GOING_AWAY)
-            raise
+        except Exception:
+            logger.exception("could not leave the groups of a closing connection")
+        with contextlib.suppress(Exception):
+            await self.close(code=CLOSE_GOING_AWAY)
+        # Twisted drops unwritten data when the reactor stops: wait for the client's close.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.closed.wait(), CLOSE_WAIT_S)
 
     @override
     async def connect(self) -> None:
         self.principal = None
         self.subs = {}
+        self.closed = asyncio.Event()
+        _hook_shutdown()
+        _live.add(self)
         await self.accept()
         token = _token(self.scope)
         if token is None:
@@ -132,6 +173,8 @@ class BrokerConsumer(AsyncWebsocketConsumer):
 
     @override
     async def disconnect(self, code: int) -> None:
+        _live.discard(self)
+        self.closed.set()
         await self._leave_all()
 
     async def _leave_all(self) -> None:

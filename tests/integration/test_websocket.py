@@ -1,0 +1,105 @@
+"""WebSocket push against real Daphne processes: across processes through Redis, shutdown, catch-up."""
+
+import time
+
+import orjson
+import pytest
+from websockets.sync.client import connect
+
+from broker import models
+from tests.integration.conftest import start_daphne, stop
+
+pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
+
+
+def ws_url(http_url: str) -> str:
+    return http_url.replace("http://", "ws://") + "/ws/v1/"
+
+
+def open_ws(url, secret):
+    return connect(ws_url(url), additional_headers={"Authorization": f"Bearer {secret}"})
+
+
+def send(ws, frame):
+    ws.send(orjson.dumps(frame).decode())
+
+
+def recv_type(ws, kind, timeout=10):
+    deadline = time.monotonic() + timeout
+    while True:
+        frame = orjson.loads(ws.recv(timeout=max(0.01, deadline - time.monotonic())))
+        if frame["type"] == kind:
+            return frame
+
+
+def subscribe(ws, topic, group="g", **fields):
+    send(ws, {"type": "subscribe", "sub": "s", "topic": topic, "group": group, **fields})
+    return recv_type(ws, "subscribed")
+
+
+def test_push__published_on_one_process_reaches_a_subscriber_on_another(
+    redis_url, key_factory, topic_factory
+):
+    topic = topic_factory().name
+    _, secret = key_factory("admin:*")
+    # A long heartbeat interval: only the Redis wake-up can bring the message quickly.
+    env = {"REDIS_URL": redis_url, "FERRY_HEARTBEAT_INTERVAL_MS": "20000"}
+    a, url_a = start_daphne(**env)
+    b, url_b = start_daphne(**env)
+    try:
+        with open_ws(url_b, secret) as subscriber, open_ws(url_a, secret) as producer:
+            subscribe(subscriber, topic)
+            started = time.monotonic()
+            send(
+                producer,
+                {"type": "publish", "ref": 1, "topic": topic, "messages": [{"value": "hi"}]},
+            )
+            assert recv_type(producer, "published")["results"][0]["offset"] == 0
+            items = recv_type(subscriber, "messages", timeout=5)["items"]
+            elapsed = time.monotonic() - started
+    finally:
+        stop(a)
+        stop(b)
+    assert [m["value"] for m in items] == ["hi"]
+    assert elapsed < 3, elapsed
+
+
+def test_shutdown__tells_subscribers_and_returns_their_messages(key_factory, topic_factory):
+    topic = topic_factory().name
+    _, secret = key_factory("admin:*")
+    server, url = start_daphne()
+    try:
+        with open_ws(url, secret) as ws:
+            subscribe(ws, topic)
+            send(ws, {"type": "publish", "topic": topic, "messages": [{"value": 1}]})
+            recv_type(ws, "messages")
+            assert models.InFlight.objects.get().state == "delivered"
+            server.terminate()
+            closing = recv_type(ws, "closing")
+            assert closing["reason"]
+            server.wait(timeout=15)
+    finally:
+        stop(server)
+    # Back with the group at once, and the member gone.
+    assert models.InFlight.objects.get().state == "retry_wait"
+    assert not models.GroupMember.objects.exists()
+
+
+def test_reconnect__offline_subscriber_catches_up(broker_url, key_factory, topic_factory):
+    topic = topic_factory().name
+    _, secret = key_factory("admin:*")
+    with open_ws(broker_url, secret) as ws:
+        subscribe(ws, topic)
+        send(ws, {"type": "publish", "topic": topic, "messages": [{"value": 1}]})
+        item = recv_type(ws, "messages")["items"][0]
+        send(ws, {"type": "ack", "sub": "s", "receipts": [item["receipt"]]})
+        recv_type(ws, "acked")
+    with open_ws(broker_url, secret) as producer:
+        send(
+            producer, {"type": "publish", "topic": topic, "messages": [{"value": 2}, {"value": 3}]}
+        )
+        recv_type(producer, "published")
+    with open_ws(broker_url, secret) as ws:
+        subscribe(ws, topic)
+        items = recv_type(ws, "messages")["items"]
+    assert [m["value"] for m in items] == [2, 3]
