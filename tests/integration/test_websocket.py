@@ -1,4 +1,4 @@
-"""WebSocket push against real Daphne processes: across processes through Redis, shutdown, catch-up."""
+"""WebSocket push against real Daphne: across processes through Redis, shutdown, catch-up."""
 
 import time
 
