@@ -4,10 +4,22 @@ import argparse
 import datetime
 from typing import Any
 
+import orjson
 from django.core.management.base import BaseCommand, CommandError
 
 from broker.cli import table
-from broker.core import groups, keys, membership
+from broker.core import groups, keys, membership, records
+
+# The options of `configure`, by their keyword in membership.configure_group.
+SETTINGS = (
+    "strategy",
+    "session_timeout_ms",
+    "mode",
+    "ordered",
+    "ack_deadline_ms",
+    "max_attempts",
+    "retry_delays_ms",
+)
 
 
 def add_parser(nouns: "argparse._SubParsersAction[Any]") -> None:
@@ -17,16 +29,53 @@ def add_parser(nouns: "argparse._SubParsersAction[Any]") -> None:
         handler=handle_list
     )
     describe = verbs.add_parser(
-        "describe", help="Per topic and partition: offsets and lag; then the group's members."
+        "describe",
+        help="The group's settings; per topic and partition: offsets, lag, in flight; "
+        "then its members.",
     )
     describe.add_argument("group")
     describe.set_defaults(handler=handle_describe)
     configure = verbs.add_parser(
-        "configure", help="Set a group's assignment strategy or session timeout."
+        "configure",
+        help="Set how a group assigns and delivers; options not given keep their value.",
     )
     configure.add_argument("group")
     configure.add_argument("--strategy", choices=("range", "round_robin", "sticky"))
     configure.add_argument("--session-timeout-ms", type=int, metavar="MS")
+    configure.add_argument(
+        "--mode",
+        choices=("clustering", "broadcast"),
+        help="clustering: each message to one member; broadcast: to every member. "
+        "Changes only while the group has no members.",
+    )
+    order = configure.add_mutually_exclusive_group()
+    order.add_argument(
+        "--ordered",
+        dest="ordered",
+        action="store_true",
+        default=None,
+        help="At most one message per partition in flight; a failure retries it in place.",
+    )
+    order.add_argument("--unordered", dest="ordered", action="store_false")
+    configure.add_argument(
+        "--ack-deadline-ms",
+        type=int,
+        metavar="MS",
+        help="How long a member has to ack a delivery before it is redelivered.",
+    )
+    configure.add_argument(
+        "--max-attempts",
+        type=int,
+        metavar="N",
+        help="Deliveries of a message before it is dead-lettered.",
+    )
+    configure.add_argument(
+        "--retry-delays-ms",
+        type=delays,
+        metavar="MS,MS,...",
+        help="Backoff before retry n (the last repeats), e.g. 10000,30000,60000; "
+        "'' for RocketMQ's levels (10s 30s 1m 2m ... 2h).",
+    )
     configure.set_defaults(handler=handle_configure)
     reset = verbs.add_parser(
         "reset", help="Move the group's committed offsets on a topic (replay or skip)."
@@ -62,6 +111,14 @@ def partition_offset(text: str) -> tuple[int, int]:
         raise argparse.ArgumentTypeError(f"expected PARTITION=OFFSET, got {text!r}") from None
 
 
+def delays(text: str) -> list[int]:
+    """A comma list of milliseconds; empty for the default levels."""
+    try:
+        return [int(part) for part in text.split(",")] if text.strip() else []
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected MS,MS,..., got {text!r}") from None
+
+
 def handle_list(command: BaseCommand, options: dict[str, Any]) -> None:
     rows = [
         (t.group, t.topic, t.committed_total, t.end_total, t.lag)
@@ -73,40 +130,78 @@ def handle_list(command: BaseCommand, options: dict[str, Any]) -> None:
 
 def handle_describe(command: BaseCommand, options: dict[str, Any]) -> None:
     info = groups.describe_group(keys.CONSOLE, options["group"])
-    settings = table.fields(
-        [("group", info.name), ("generation", info.generation), ("strategy", info.strategy)]
-    )
+    # Broadcast members read with their own offsets: a member column then says whose row it is.
+    by_member = any(t.subscriber for t in info.topics)
     offsets = table.render(
-        ("topic", "partition", "committed", "start", "end", "lag"),
+        (
+            "topic",
+            *(("member",) if by_member else ()),
+            "partition",
+            "committed",
+            "start",
+            "end",
+            "lag",
+            "in flight",
+            "filtered",
+        ),
         [
-            (t.topic, p.partition, p.committed_offset, p.start_offset, p.end_offset, p.lag)
+            (
+                t.topic,
+                *((t.subscriber or None,) if by_member else ()),
+                p.partition,
+                p.committed_offset,
+                p.start_offset,
+                p.end_offset,
+                p.lag,
+                p.in_flight,
+                p.filtered,
+            )
             for t in info.topics
             for p in t.partitions
         ],
     )
     members = table.render(
-        ("member", "topic", "partitions", "last heartbeat"),
+        ("member", "topic", "partitions", "last heartbeat", "filter"),
         [
-            (m.member_id, m.topic, ",".join(map(str, m.partitions)) or None, at(m.heartbeat_ms))
+            (
+                m.member_id,
+                m.topic,
+                ",".join(map(str, m.partitions)) or None,
+                at(m.heartbeat_ms),
+                None if m.filter is None else orjson.dumps(m.filter).decode(),
+            )
             for m in info.members
         ],
     )
-    command.stdout.write(f"{settings}\n\n{offsets}\n\n{members}")
+    command.stdout.write(f"{settings(info)}\n\n{offsets}\n\n{members}")
 
 
 def handle_configure(command: BaseCommand, options: dict[str, Any]) -> None:
-    if options["strategy"] is None and options["session_timeout_ms"] is None:
-        raise CommandError("Give --strategy and/or --session-timeout-ms.")
-    info = membership.configure_group(
-        keys.CONSOLE,
-        options["group"],
-        strategy=options["strategy"],
-        session_timeout_ms=options["session_timeout_ms"],
-    )
-    command.stdout.write(
-        table.fields(
-            [("group", info.name), ("generation", info.generation), ("strategy", info.strategy)]
+    given = {name: options[name] for name in SETTINGS if options[name] is not None}
+    if not given:
+        raise CommandError(
+            "Nothing to configure: give at least one of --strategy, --session-timeout-ms, "
+            "--mode, --ordered/--unordered, --ack-deadline-ms, --max-attempts, --retry-delays-ms."
         )
+    info = membership.configure_group(keys.CONSOLE, options["group"], **given)
+    command.stdout.write(settings(info))
+
+
+def settings(info: records.GroupInfo) -> str:
+    s = info.settings
+    return table.fields(
+        [
+            ("group", info.name),
+            ("generation", info.generation),
+            ("strategy", info.strategy),
+            ("mode", s.mode),
+            ("ordered", s.ordered),
+            ("ack_deadline_ms", s.ack_deadline_ms),
+            ("max_attempts", s.max_attempts),
+            # Empty: RocketMQ's levels, the default.
+            ("retry_delays_ms", ",".join(map(str, s.retry_delays_ms)) or "default"),
+            ("dead_letters", info.dead_letters),
+        ]
     )
 
 

@@ -5,10 +5,12 @@ import datetime
 from collections.abc import Callable
 from typing import Any
 
+import orjson
 from django.core.management.base import BaseCommand, CommandError
 
+from broker.cli import groups as group_noun
 from broker.cli import table
-from broker.core import keys, records, topics
+from broker.core import keys, records, topics, trace
 
 # The options create and alter share, by their keyword in topics.create_topic/alter_topic.
 LIMITS = (
@@ -18,6 +20,8 @@ LIMITS = (
     "max_message_bytes",
     "capacity",
     "overflow_policy",
+    "message_ttl_ms",
+    "trace",
 )
 
 
@@ -52,6 +56,14 @@ def add_parser(nouns: "argparse._SubParsersAction[Any]") -> None:
     delete.add_argument("name")
     delete.set_defaults(handler=handle_delete)
 
+    trace_ = verbs.add_parser(
+        "trace", help="A message's recorded events (produced, delivered, acked, retried, ...)."
+    )
+    trace_.add_argument("name", metavar="topic")
+    trace_.add_argument("partition", type=int)
+    trace_.add_argument("offset", type=int)
+    trace_.set_defaults(handler=handle_trace)
+
 
 def add_limits(parser: argparse.ArgumentParser, nullable: Callable[[str], int | None]) -> None:
     # SUPPRESS leaves an option that was not given out of the options, so only given ones reach
@@ -69,6 +81,20 @@ def add_limits(parser: argparse.ArgumentParser, nullable: Callable[[str], int | 
         default=given_only,
         help="What a full partition does with a new message.",
     )
+    parser.add_argument(
+        "--message-ttl-ms",
+        type=nullable,
+        default=given_only,
+        metavar="MS",
+        help="Messages older than this are dead-lettered instead of delivered to a group.",
+    )
+    parser.add_argument(
+        "--trace",
+        action=argparse.BooleanOptionalAction,
+        default=given_only,
+        help="Record every message's produce, delivery and ack events (ferry topics trace); "
+        "retries and dead letters are recorded on every topic.",
+    )
 
 
 def given_limits(options: dict[str, Any]) -> dict[str, Any]:
@@ -82,10 +108,21 @@ def handle_create(command: BaseCommand, options: dict[str, Any]) -> None:
 
 def handle_list(command: BaseCommand, options: dict[str, Any]) -> None:
     rows = [
-        (t.name, t.partition_count, sum(p.message_count for p in t.partitions), t.capacity)
+        (
+            t.name,
+            t.partition_count,
+            sum(p.message_count for p in t.partitions),
+            t.capacity,
+            t.message_ttl_ms,
+            t.trace,
+        )
         for t in topics.list_topics(keys.CONSOLE)
     ]
-    command.stdout.write(table.render(("name", "partitions", "messages", "capacity"), rows))
+    command.stdout.write(
+        table.render(
+            ("name", "partitions", "messages", "capacity", "message_ttl_ms", "trace"), rows
+        )
+    )
 
 
 def handle_describe(command: BaseCommand, options: dict[str, Any]) -> None:
@@ -95,7 +132,10 @@ def handle_describe(command: BaseCommand, options: dict[str, Any]) -> None:
 def handle_alter(command: BaseCommand, options: dict[str, Any]) -> None:
     changes = given_limits(options)
     if not changes:
-        raise CommandError("Nothing to alter: give at least one of --partitions, --retention-ms, …")
+        raise CommandError(
+            "Nothing to alter: give at least one of --partitions, --retention-ms, "
+            "--message-ttl-ms, --trace, …"
+        )
     info = topics.alter_topic(keys.CONSOLE, options["name"], **changes)
     command.stdout.write(f"altered topic {info.name}\n\n{describe(info)}")
 
@@ -103,6 +143,31 @@ def handle_alter(command: BaseCommand, options: dict[str, Any]) -> None:
 def handle_delete(command: BaseCommand, options: dict[str, Any]) -> None:
     topics.delete_topic(keys.CONSOLE, options["name"])
     command.stdout.write(f"deleted topic {options['name']}")
+
+
+def handle_trace(command: BaseCommand, options: dict[str, Any]) -> None:
+    name, partition, offset = options["name"], options["partition"], options["offset"]
+    events = trace.get_trace(keys.CONSOLE, name, partition, offset)
+    for event in events:
+        command.stdout.write(trace_line(event))
+    if not events:
+        command.stderr.write(
+            f"no events recorded for {name} partition {partition} offset {offset} "
+            "(is --trace on? old events are removed after FERRY_TRACE_RETENTION_SECONDS)"
+        )
+
+
+def trace_line(event: records.TraceInfo) -> str:
+    """TIME EVENT, then who and which attempt when known, then the details as NAME=JSON."""
+    parts = [group_noun.at(event.at_ms), event.event]
+    if event.group:
+        parts.append(f"group={event.group}")
+    if event.member_id:
+        parts.append(f"member={event.member_id}")
+    if event.attempt is not None:
+        parts.append(f"attempt={event.attempt}")
+    parts += [f"{name}={orjson.dumps(value).decode()}" for name, value in event.detail.items()]
+    return " ".join(parts)
 
 
 def describe(info: records.TopicInfo) -> str:
@@ -116,6 +181,8 @@ def describe(info: records.TopicInfo) -> str:
             ("max_message_bytes", info.max_message_bytes),
             ("capacity", info.capacity),
             ("overflow", info.overflow_policy),
+            ("message_ttl_ms", info.message_ttl_ms),
+            ("trace", info.trace),
             ("created", created.isoformat(timespec="seconds")),
         ]
     )

@@ -8,7 +8,7 @@ from asgiref.sync import sync_to_async
 from django.core.management.base import CommandError
 
 from broker import models
-from broker.core import groups, keys, log, membership, records
+from broker.core import delivery, groups, keys, log, membership, records, retries
 
 
 def append_json(topic, *values, **fields):
@@ -101,9 +101,10 @@ def test_follow__max_total_stops(ferry, topic_factory):
     append_json("orders", *range(5, 10), partition=1)
     out = ferry("consume", "orders", "--group=g", "--follow", "--max-total=7", "--max-messages=3")
     assert len(lines(out)) == 7
-    # Never more polled (and committed) than printed.
+    # Never more delivered (and acked) than printed: nothing left in flight.
     [offsets] = groups.describe_group(keys.CONSOLE, "g").topics
     assert offsets.committed_total == 7
+    assert sum(p.in_flight for p in offsets.partitions) == 0
 
 
 @pytest.mark.django_db(transaction=True)
@@ -148,17 +149,17 @@ def test_follow__leaves_when_done(ferry, topic_factory):
 def test_follow__rejoins_after_expiry(ferry, topic_factory, monkeypatch):
     topic_factory("orders")
     append_json("orders", "a")
-    real_poll = groups.poll_messages_async
+    real_deliver = delivery.deliver_messages_async
     polls: list[str] = []
 
-    async def expire_first(*args, **kwargs):
+    async def expire_first(principal, group, topic, member_id, *args, **kwargs):
         if not polls:
             # As if the process stopped past the session timeout: the member is gone.
             await sync_to_async(models.GroupMember.objects.all().delete)()
-        polls.append(kwargs["member_id"])
-        return await real_poll(*args, **kwargs)
+        polls.append(member_id)
+        return await real_deliver(principal, group, topic, member_id, *args, **kwargs)
 
-    monkeypatch.setattr(groups, "poll_messages_async", expire_first)
+    monkeypatch.setattr(delivery, "deliver_messages_async", expire_first)
     out = ferry("consume", "orders", "--group=g", "--follow", "--max-total=1")
     assert [m["value"] for m in lines(out)] == ["a"]
     # Polled again under the same member id, joined again.
@@ -181,7 +182,93 @@ def test_follow__ctrl_c_exits_cleanly(ferry, topic_factory, monkeypatch):
     async def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(groups, "poll_messages_async", interrupted)
+    monkeypatch.setattr(delivery, "deliver_messages_async", interrupted)
     assert ferry("consume", "orders", "--group=g", "--follow") == ""
     # Left the group on the way out.
     assert groups.describe_group(keys.CONSOLE, "g").members == ()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_follow__acks_after_printing(ferry, topic_factory):
+    topic_factory("orders")
+    append_json("orders", "a", "b")
+    out = ferry("consume", "orders", "--group=g", "--follow", "--max-total=2")
+    printed = lines(out)
+    # The REST message shape plus the attempt (no receipt: the console acks for you).
+    assert {m["value"]: m["attempt"] for m in printed} == {"a": 1, "b": 1}
+    assert "receipt" not in printed[0]
+    [offsets] = groups.describe_group(keys.CONSOLE, "g").topics
+    assert (offsets.committed_total, offsets.partitions[0].in_flight) == (2, 0)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_follow__killed_before_ack_delivers_again(ferry, topic_factory, monkeypatch):
+    topic_factory("orders")
+    append_json("orders", "a")
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(delivery, "ack_messages", killed)
+    assert [m["value"] for m in lines(ferry("consume", "orders", "--group=g", "--follow"))] == ["a"]
+    monkeypatch.undo()
+    # Printed, not acked: leaving handed it back, so the next consumer gets it again.
+    [again] = lines(ferry("consume", "orders", "--group=g", "--follow", "--max-total=1"))
+    assert (again["value"], again["offset"]) == ("a", 0)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_follow__no_commit_leaves_in_flight(ferry, topic_factory, monkeypatch):
+    topic_factory("orders")
+    append_json("orders", "a", "b")
+    # Stay a member after the run, to see what it left in flight.
+    monkeypatch.setattr(membership, "leave_group", lambda *args: None)
+    out = ferry("consume", "orders", "--group=g", "--follow", "--no-commit", "--max-total=2")
+    assert [m["value"] for m in lines(out)] == ["a", "b"]
+    [offsets] = groups.describe_group(keys.CONSOLE, "g").topics
+    assert (offsets.committed_total, offsets.partitions[0].in_flight) == (0, 2)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_follow__filter_tags(ferry, topic_factory):
+    topic_factory("orders")
+    append_json("orders", "created", tag="created")
+    append_json("orders", "paid", tag="paid")
+    append_json("orders", "shipped", tag="shipped")
+    out = ferry(
+        "consume",
+        "orders",
+        "--group=g",
+        "--follow",
+        "--filter-tags=created || shipped",
+        "--max-total=2",
+    )
+    assert [m["value"] for m in lines(out)] == ["created", "shipped"]
+    [offsets] = groups.describe_group(keys.CONSOLE, "g").topics
+    assert offsets.partitions[0].filtered == 1
+
+
+def test_follow__bad_filter_tags(ferry, topic_factory):
+    topic_factory("orders")
+    with pytest.raises(CommandError, match=r"^invalid_filter: "):
+        ferry("consume", "orders", "--group=g", "--follow", "--filter-tags=a || ")
+    assert groups.list_groups(keys.CONSOLE) == []
+
+
+def test_handle__filter_tags_needs_follow(ferry, topic_factory):
+    topic_factory("orders")
+    with pytest.raises(CommandError, match="--filter-tags needs --follow"):
+        ferry("consume", "orders", "--group=g", "--filter-tags=a")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_follow__redelivery_shows_attempt(ferry, topic_factory):
+    topic_factory("orders")
+    append_json("orders", "a")
+    membership.join_group(keys.CONSOLE, "g", "orders", "first")
+    [first] = delivery.deliver_messages(keys.CONSOLE, "g", "orders", "first", 10).deliveries
+    delivery.nack_messages(keys.CONSOLE, "g", [first.receipt], delay_ms=0)
+    membership.leave_group(keys.CONSOLE, "g", "first")
+    [again] = lines(ferry("consume", "orders", "--group=g", "--follow", "--max-total=1"))
+    assert (again["value"], again["attempt"]) == ("a", 2)
+    assert retries.list_dead_letters(keys.CONSOLE, "g").total == 0

@@ -3,7 +3,7 @@
 import pytest
 from django.core.management.base import CommandError
 
-from broker.core import groups, keys, log, membership, records
+from broker.core import delivery, groups, keys, log, membership, records
 
 
 @pytest.fixture
@@ -34,27 +34,74 @@ def test_handle_describe__partitions(ferry, billing_on_orders):
         ["group", "billing"],
         ["generation", "0"],
         ["strategy", "sticky"],
+        ["mode", "clustering"],
+        ["ordered", "no"],
+        ["ack_deadline_ms", "30000"],
+        ["max_attempts", "16"],
+        ["retry_delays_ms", "default"],
+        ["dead_letters", "0"],
     ]
     lines = offsets.splitlines()
-    assert lines[0].split() == ["TOPIC", "PARTITION", "COMMITTED", "START", "END", "LAG"]
-    assert [line.split() for line in lines[1:]] == [
-        ["orders", "0", "2", "0", "3", "1"],
-        ["orders", "1", "0", "0", "1", "1"],
+    assert lines[0].split() == [
+        "TOPIC",
+        "PARTITION",
+        "COMMITTED",
+        "START",
+        "END",
+        "LAG",
+        "IN",
+        "FLIGHT",
+        "FILTERED",
     ]
-    assert members.split() == ["MEMBER", "TOPIC", "PARTITIONS", "LAST", "HEARTBEAT"]
+    assert [line.split() for line in lines[1:]] == [
+        ["orders", "0", "2", "0", "3", "1", "0", "0"],
+        ["orders", "1", "0", "0", "1", "1", "0", "0"],
+    ]
+    assert members.split() == ["MEMBER", "TOPIC", "PARTITIONS", "LAST", "HEARTBEAT", "FILTER"]
 
 
 def test_handle_describe__members(ferry, billing_on_orders):
     membership.join_group(keys.CONSOLE, "billing", "orders", "a")
     membership.join_group(keys.CONSOLE, "billing", "orders", "b")
+    membership.join_group(keys.CONSOLE, "billing", "orders", "b", filter={"tags": "x || y"})
     settings, _, members = ferry("groups", "describe", "billing").split("\n\n")
-    assert settings.splitlines()[1].split() == ["generation", "2"]
+    assert settings.splitlines()[1].split() == ["generation", "3"]
     lines = members.splitlines()
-    assert lines[0].split() == ["MEMBER", "TOPIC", "PARTITIONS", "LAST", "HEARTBEAT"]
-    rows = [line.split() for line in lines[1:]]
+    assert lines[0].split() == ["MEMBER", "TOPIC", "PARTITIONS", "LAST", "HEARTBEAT", "FILTER"]
+    rows = [line.split(maxsplit=4) for line in lines[1:]]
     assert [row[:2] for row in rows] == [["a", "orders"], ["b", "orders"]]
     assert sorted(row[2] for row in rows) == ["0", "1"]
     assert all(row[3].endswith("Z") for row in rows)
+    assert [row[4] for row in rows] == ["-", '{"tags":"x || y"}']
+
+
+def test_handle_describe__in_flight_and_dead_letters(ferry, billing_on_orders):
+    membership.join_group(keys.CONSOLE, "billing", "orders", "a")
+    got = delivery.deliver_messages(keys.CONSOLE, "billing", "orders", "a", 10).deliveries
+    # Partition 0's last message rejected, partition 1's left in flight.
+    [first] = [d for d in got if d.message.partition == 0]
+    delivery.reject_messages(keys.CONSOLE, "billing", [first.receipt], error="bad")
+    settings, offsets, _ = ferry("groups", "describe", "billing").split("\n\n")
+    assert settings.splitlines()[-1].split() == ["dead_letters", "1"]
+    assert [line.split()[-2:] for line in offsets.splitlines()[1:]] == [["0", "0"], ["1", "0"]]
+
+
+def test_handle_describe__broadcast_rows_per_member(ferry, topic_factory):
+    topic_factory("news")
+    log.append_messages(keys.CONSOLE, "news", [records.NewMessage(b"1")])
+    membership.configure_group(keys.CONSOLE, "feed", mode="broadcast")
+    for member in ("a", "b"):
+        membership.join_group(keys.CONSOLE, "feed", "news", member)
+        delivery.deliver_messages(keys.CONSOLE, "feed", "news", member, 10)
+    settings, offsets, _ = ferry("groups", "describe", "feed").split("\n\n")
+    assert ["mode", "broadcast"] in [line.split() for line in settings.splitlines()]
+    lines = offsets.splitlines()
+    assert lines[0].split()[:3] == ["TOPIC", "MEMBER", "PARTITION"]
+    # Each member has the message in flight on its own offsets.
+    assert [line.split() for line in lines[1:]] == [
+        ["news", "a", "0", "0", "0", "1", "1", "1", "0"],
+        ["news", "b", "0", "0", "0", "1", "1", "1", "0"],
+    ]
 
 
 def test_handle_describe__unknown(ferry):
@@ -67,7 +114,7 @@ def test_handle_describe__bad_name(ferry):
         ferry("groups", "describe", "no spaces")
 
 
-def test_reset__to_offset_and_to_latest(ferry, topic_factory, console):
+def test_handle_reset__to_offset_and_to_latest(ferry, topic_factory, console):
     from broker.core import groups, log
     from broker.core.records import NewMessage
 
@@ -80,7 +127,7 @@ def test_reset__to_offset_and_to_latest(ferry, topic_factory, console):
     assert groups.describe_group(console, "audit").topics[0].lag == 0
 
 
-def test_configure__strategy(ferry, topic_factory, console):
+def test_handle_configure__strategy(ferry, topic_factory, console):
     from broker.core import groups, membership
 
     topic = topic_factory("jobs", partitions=2)
@@ -88,3 +135,56 @@ def test_configure__strategy(ferry, topic_factory, console):
     out = ferry("groups", "configure", "workers", "--strategy", "range")
     assert "range" in out
     assert groups.describe_group(console, "workers").strategy == "range"
+
+
+def test_handle_configure__delivery_settings(ferry, db):
+    out = ferry(
+        "groups",
+        "configure",
+        "workers",
+        "--mode=broadcast",
+        "--ordered",
+        "--ack-deadline-ms=60000",
+        "--max-attempts=3",
+        "--retry-delays-ms=10000,30000,60000",
+    )
+    fields = dict(line.split() for line in out.splitlines())
+    assert (fields["mode"], fields["ordered"]) == ("broadcast", "yes")
+    assert (fields["ack_deadline_ms"], fields["max_attempts"]) == ("60000", "3")
+    assert fields["retry_delays_ms"] == "10000,30000,60000"
+    settings = groups.describe_group(keys.CONSOLE, "workers").settings
+    assert settings.retry_delays_ms == (10000, 30000, 60000)
+    # Only what is given changes; '' goes back to RocketMQ's levels.
+    ferry("groups", "configure", "workers", "--unordered", "--retry-delays-ms=")
+    settings = groups.describe_group(keys.CONSOLE, "workers").settings
+    assert (settings.mode, settings.ordered, settings.max_attempts) == ("broadcast", False, 3)
+    assert settings.retry_delays_ms == ()
+
+
+def test_handle_configure__nothing_given(ferry, db):
+    with pytest.raises(CommandError, match="Nothing to configure"):
+        ferry("groups", "configure", "workers")
+
+
+def test_handle_configure__ordered_and_unordered(ferry, db):
+    with pytest.raises(CommandError, match="not allowed with argument"):
+        ferry("groups", "configure", "workers", "--ordered", "--unordered")
+
+
+@pytest.mark.parametrize("bad", ["10s", "1,,2"])
+def test_handle_configure__bad_retry_delays(ferry, db, bad):
+    with pytest.raises(CommandError, match="expected MS,MS"):
+        ferry("groups", "configure", "workers", f"--retry-delays-ms={bad}")
+
+
+def test_handle_configure__bad_max_attempts(ferry, db):
+    with pytest.raises(CommandError, match=r"^invalid_request: max_attempts is 1 to 1000"):
+        ferry("groups", "configure", "workers", "--max-attempts=0")
+
+
+def test_handle_configure__mode_with_members(ferry, topic_factory):
+    topic_factory("jobs")
+    membership.join_group(keys.CONSOLE, "workers", "jobs", "a")
+    with pytest.raises(CommandError, match=r"^group_has_members: "):
+        ferry("groups", "configure", "workers", "--mode=broadcast")
+    assert groups.describe_group(keys.CONSOLE, "workers").settings.mode == "clustering"

@@ -3,7 +3,7 @@
 import pytest
 from django.core.management.base import CommandError
 
-from broker.core import keys, log, records, topics
+from broker.core import delivery, keys, log, membership, records, topics
 
 
 def test_handle_create__defaults(ferry):
@@ -36,6 +36,21 @@ def test_handle_create__with_limits(ferry):
     )
 
 
+def test_handle_create__ttl_and_trace(ferry):
+    ferry("topics", "create", "orders", "--message-ttl-ms=60000", "--trace")
+    info = topics.get_topic(keys.CONSOLE, "orders")
+    assert (info.message_ttl_ms, info.trace) == (60000, True)
+    lines = [line.split() for line in ferry("topics", "describe", "orders").splitlines()]
+    assert ["message_ttl_ms", "60000"] in lines
+    assert ["trace", "yes"] in lines
+
+
+def test_handle_create__bad_ttl(ferry):
+    with pytest.raises(CommandError, match=r"^invalid_request: "):
+        ferry("topics", "create", "orders", "--message-ttl-ms=0")
+    assert topics.list_topics(keys.CONSOLE) == []
+
+
 def test_handle_create__bad_name(ferry):
     with pytest.raises(CommandError, match=r"^invalid_topic_name: "):
         ferry("topics", "create", "no spaces")
@@ -64,11 +79,20 @@ def test_handle_list__table(ferry, topic_factory):
     log.append_messages(
         keys.CONSOLE, "orders", [records.NewMessage(b"1"), records.NewMessage(b"2")]
     )
+    topic_factory("events", message_ttl_ms=60000, trace=True)
     lines = ferry("topics", "list").splitlines()
-    assert lines[0].split() == ["NAME", "PARTITIONS", "MESSAGES", "CAPACITY"]
+    assert lines[0].split() == [
+        "NAME",
+        "PARTITIONS",
+        "MESSAGES",
+        "CAPACITY",
+        "MESSAGE_TTL_MS",
+        "TRACE",
+    ]
     assert [line.split() for line in lines[1:]] == [
-        ["audit", "1", "0", "-"],
-        ["orders", "2", "2", "50"],
+        ["audit", "1", "0", "-", "-", "no"],
+        ["events", "1", "0", "-", "60000", "yes"],
+        ["orders", "2", "2", "50", "-", "no"],
     ]
 
 
@@ -97,6 +121,16 @@ def test_handle_alter__grows_partitions_and_removes_capacity(ferry, topic_factor
     assert info.retention_ms == 5000  # not given, so kept
 
 
+def test_handle_alter__ttl_and_trace(ferry, topic_factory):
+    topic_factory("orders", message_ttl_ms=5000, trace=True, capacity=10)
+    ferry("topics", "alter", "orders", "--message-ttl-ms=none", "--no-trace")
+    info = topics.get_topic(keys.CONSOLE, "orders")
+    assert (info.message_ttl_ms, info.trace, info.capacity) == (None, False, 10)
+    ferry("topics", "alter", "orders", "--message-ttl-ms=7000")
+    info = topics.get_topic(keys.CONSOLE, "orders")
+    assert (info.message_ttl_ms, info.trace) == (7000, False)  # trace not given, so kept
+
+
 def test_handle_alter__shrink(ferry, topic_factory):
     topic_factory("orders", partitions=3)
     with pytest.raises(CommandError, match=r"^invalid_partition_count: "):
@@ -123,3 +157,33 @@ def test_handle_delete__gone(ferry, topic_factory):
 def test_handle_delete__unknown(ferry):
     with pytest.raises(CommandError, match=r"^topic_not_found: "):
         ferry("topics", "delete", "missing")
+
+
+def test_handle_trace__one_line_per_event(ferry, topic_factory):
+    topic_factory("orders", trace=True)
+    log.append_messages(keys.CONSOLE, "orders", [records.NewMessage(b"1")])
+    membership.join_group(keys.CONSOLE, "g", "orders", "m")
+    [d] = delivery.deliver_messages(keys.CONSOLE, "g", "orders", "m", 10).deliveries
+    delivery.nack_messages(keys.CONSOLE, "g", [d.receipt], error="db down", delay_ms=0)
+    lines = ferry("topics", "trace", "orders", "0", "0").splitlines()
+    events = [line.split()[1] for line in lines]
+    assert events == ["produced", "delivered", "nacked", "retry_scheduled"]
+    assert all(line.split()[0].endswith("Z") for line in lines)
+    assert "group=g member=m attempt=1" in lines[1]
+    assert 'error="db down"' in lines[2]
+
+
+def test_handle_trace__nothing_recorded(ferry, topic_factory):
+    topic_factory("orders")
+    assert ferry("topics", "trace", "orders", "0", "5") == ""
+
+
+def test_handle_trace__unknown_partition(ferry, topic_factory):
+    topic_factory("orders")
+    with pytest.raises(CommandError, match=r"^partition_not_found: "):
+        ferry("topics", "trace", "orders", "3", "0")
+
+
+def test_handle_trace__unknown_topic(ferry):
+    with pytest.raises(CommandError, match=r"^topic_not_found: "):
+        ferry("topics", "trace", "missing", "0", "0")

@@ -195,7 +195,7 @@ def test_leave_group__releases_in_flight(topic_factory, console):
     topic = topic_factory().name
     produce(console, topic, 1)
     joined(console, topic, "a")
-    (d,) = deliver(console, topic, "a")
+    deliver(console, topic, "a")
     joined(console, topic, "b")
     membership.leave_group(console, "g", "a")
     (again,) = deliver(console, topic, "b")

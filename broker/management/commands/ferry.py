@@ -4,16 +4,16 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from broker.cli import apikey, bootstrap, consume, groups, produce, scheduled, topics
+from broker.cli import apikey, bootstrap, consume, dlq, groups, produce, scheduled, topics
 from broker.core import errors
 
-NOUNS = (topics, produce, consume, scheduled, groups, apikey, bootstrap)
+NOUNS = (topics, produce, consume, scheduled, groups, dlq, apikey, bootstrap)
 
 
 class Command(BaseCommand):
     help = (
         "Ferry's console: topics, produce, consume, scheduled (delayed) messages, groups, "
-        "API keys and first-start bootstrap."
+        "dead letters (dlq), API keys and first-start bootstrap."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
