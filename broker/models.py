@@ -226,8 +226,10 @@ class InFlight(models.Model):
     offset = models.BigIntegerField()
     state = models.CharField(max_length=12, choices=State.choices)
     member_id = models.CharField(max_length=100)
-    # Names this delivery; a redelivery gets a new one, so a stale receipt settles nothing.
-    receipt = models.CharField(max_length=32, unique=True)
+    # Names this delivery: "<random token>.<partition id>.<offset>" (hex), found through the
+    # (group, partition, subscriber, offset) index; a redelivery gets a new token, so a stale
+    # receipt settles nothing.
+    receipt = models.CharField(max_length=40)
     attempt = models.PositiveIntegerField(default=1)
     deadline_ms = models.BigIntegerField()
     last_error = models.TextField(default="", blank=True)

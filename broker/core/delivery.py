@@ -12,15 +12,16 @@ import itertools
 import secrets
 import threading
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Min, Q
 
 from broker import models
 from broker import settings as ferry_settings
 from broker.core import (
+    bulk,
     dbthreads,
     errors,
     events,
@@ -41,17 +42,45 @@ from broker.core.records import (
 )
 
 OffsetKey = tuple[int, int, str]  # (group id, partition id, subscriber)
+IN_FLIGHT_COLUMNS = (
+    "group_id",
+    "partition_id",
+    "subscriber",
+    "offset",
+    "state",
+    "member_id",
+    "receipt",
+    "attempt",
+    "deadline_ms",
+    "last_error",
+)
 
 # A poll reads at most this many messages past what a selective filter skips, then answers.
 SCAN_LIMIT = 10_000
-RECEIPT_MAX = 32
+RECEIPT_MAX = 40
 
 _turn = itertools.count()
 _turn_lock = threading.Lock()
 
 
-def new_receipt() -> str:
-    return secrets.token_hex(12)
+def new_token() -> str:
+    """A random token for one delivery batch; receipt() adds where each message is."""
+    return secrets.token_hex(4)
+
+
+def receipt(token: str, partition_id: int, offset: int) -> str:
+    return f"{token}.{partition_id:x}.{offset:x}"
+
+
+def _parse_receipt(text: str) -> tuple[int, int] | None:
+    """(partition id, offset) of a receipt, or None for a string that is not one."""
+    parts = text.split(".")
+    if len(parts) != 3:
+        return None
+    try:
+        return int(parts[1], 16), int(parts[2], 16)
+    except ValueError:
+        return None
 
 
 def wake(topic_id: int) -> None:
@@ -202,9 +231,10 @@ class _Batch:
         self.subscriber, self.now, self.max_messages = subscriber, now, max_messages
         self.auto_ack = auto_ack
         self.deadline_ms = now + group.ack_deadline_ms
+        self.token = new_token()
         self.match = _parsed_filter(member.filter)
         self.deliveries: list[Delivery] = []
-        self.new_rows: list[models.InFlight] = []
+        self.new_rows: list[tuple[object, ...]] = []
         self.redelivered: list[models.InFlight] = []
         self.events: list[models.TraceEvent] = []
         self.filtered = 0
@@ -220,8 +250,8 @@ class _Batch:
         ttl = self.topic.message_ttl_ms
         return ttl is not None and m.timestamp_ms + ttl < self.now
 
-    def _hand_out(self, m: StoredMessage, row: models.InFlight) -> None:
-        self.deliveries.append(Delivery(m, row.receipt, row.attempt, row.deadline_ms))
+    def _hand_out(self, m: StoredMessage, receipt: str, attempt: int) -> None:
+        self.deliveries.append(Delivery(m, receipt, attempt, self.deadline_ms))
         if self.topic.trace:
             self.events.append(
                 trace.event(
@@ -231,7 +261,7 @@ class _Batch:
                     "delivered",
                     group=self.group.name,
                     member_id=self.member.member_id,
-                    attempt=row.attempt,
+                    attempt=attempt,
                     at_ms=self.now,
                 )
             )
@@ -277,10 +307,10 @@ class _Batch:
                     row.state = models.InFlight.State.DELIVERED
                     row.attempt += 1
                     row.member_id = self.member.member_id
-                    row.receipt = new_receipt()
+                    row.receipt = receipt(self.token, row.partition_id, row.offset)
                     row.deadline_ms = self.deadline_ms
                     self.redelivered.append(row)
-                    self._hand_out(m, row)
+                    self._hand_out(m, row.receipt, row.attempt)
         models.InFlight.objects.filter(id__in=gone).delete()
         self.expired += len(expired)
         retries.dead_letter_rows(expired, self.group, self.topic, "expired", self.now)
@@ -315,7 +345,7 @@ class _Batch:
                 position = m.offset + 1
                 if self._expired(m):
                     expired.append(m)
-                elif not self.match.matches(m.tag, m.headers):
+                elif not self.match.is_everything and not self.match.matches(m.tag, m.headers):
                     row.filtered_count += 1
                     self.filtered += 1
                 else:
@@ -332,20 +362,23 @@ class _Batch:
             )
 
     def _take_new(self, row: models.GroupOffset, m: StoredMessage) -> None:
-        flight = models.InFlight(
-            group=self.group,
-            partition_id=row.partition_id,
-            subscriber=self.subscriber,
-            offset=m.offset,
-            state=models.InFlight.State.DELIVERED,
-            member_id=self.member.member_id,
-            receipt="" if self.auto_ack else new_receipt(),
-            attempt=1,
-            deadline_ms=self.deadline_ms,
-        )
+        name = "" if self.auto_ack else receipt(self.token, row.partition_id, m.offset)
         if not self.auto_ack:
-            self.new_rows.append(flight)
-        self._hand_out(m, flight)
+            self.new_rows.append(
+                (
+                    self.group.id,
+                    row.partition_id,
+                    self.subscriber,
+                    m.offset,
+                    models.InFlight.State.DELIVERED.value,
+                    self.member.member_id,
+                    name,
+                    1,
+                    self.deadline_ms,
+                    "",
+                )
+            )
+        self._hand_out(m, name, 1)
 
     def store(self) -> None:
         if self.auto_ack:
@@ -355,7 +388,7 @@ class _Batch:
             models.InFlight.objects.bulk_update(
                 self.redelivered, ["state", "attempt", "member_id", "receipt", "deadline_ms"]
             )
-            models.InFlight.objects.bulk_create(self.new_rows)
+            bulk.insert_rows("broker_inflight", IN_FLIGHT_COLUMNS, self.new_rows)
         trace.record(self.events)
 
 
@@ -396,12 +429,74 @@ def _validate_receipts(receipts: list[str]) -> list[str]:
     if len(receipts) > limit:
         raise errors.InvalidRequest(f"At most {limit} receipts per call.", count=len(receipts))
     if any(not isinstance(r, str) or not 0 < len(r) <= RECEIPT_MAX for r in receipts):
-        raise errors.InvalidRequest("A receipt is a string of 1 to 32 characters.")
+        raise errors.InvalidRequest(f"A receipt is a string of 1 to {RECEIPT_MAX} characters.")
     return list(dict.fromkeys(receipts))
 
 
+class _Named(NamedTuple):
+    """An in-flight row a settle call names, with its topic."""
+
+    id: int
+    group_id: int
+    partition_id: int
+    subscriber: str
+    receipt: str
+    offset: int
+    member_id: str
+    attempt: int
+    state: str
+    partition: int
+    topic_id: int
+    topic: str
+    trace: bool
+
+
+# Raw SQL on the ack hot path: no model instances for a thousand receipts. A receipt names
+# its partition and offset, so the rows come from the (group, partition, subscriber, offset)
+# index, one range per partition; the stored receipt must then match exactly.
+SELECT_NAMED = (
+    'SELECT i.id, i.group_id, i.partition_id, i.subscriber, i.receipt, i."offset", i.member_id, '
+    "i.attempt, i.state, p.number, t.id, t.name, t.trace FROM broker_inflight i "
+    "JOIN broker_partition p ON p.id = i.partition_id JOIN broker_topic t ON t.id = p.topic_id "
+    'WHERE i.group_id = %s AND i.partition_id = %s AND i."offset" BETWEEN %s AND %s'
+)
+DELETE_IN_FLIGHT = {
+    "sqlite": "DELETE FROM broker_inflight WHERE id IN (SELECT value FROM json_each(%s))",
+    "postgresql": "DELETE FROM broker_inflight WHERE id = ANY(%s)",
+}
+
+
+def _array(values: list[Any]) -> Any:
+    return orjson.dumps(values).decode() if connection.vendor == "sqlite" else values
+
+
+def _named(group_id: int, receipts: list[str]) -> list[_Named]:
+    wanted = set(receipts)
+    offsets: dict[int, list[int]] = {}
+    for text in receipts:
+        where = _parse_receipt(text)
+        if where is not None:
+            offsets.setdefault(where[0], []).append(where[1])
+    found: list[_Named] = []
+    with connection.cursor() as cursor:
+        for partition_id, numbers in sorted(offsets.items()):
+            cursor.execute(SELECT_NAMED, (group_id, partition_id, min(numbers), max(numbers)))
+            found.extend(
+                _Named._make((*row[:12], bool(row[12])))
+                for row in cursor.fetchall()
+                if row[4] in wanted
+            )
+    return found
+
+
+def _delete_in_flight(ids: list[int]) -> None:
+    if ids:
+        with connection.cursor() as cursor:
+            cursor.execute(DELETE_IN_FLIGHT[connection.vendor], (_array(ids),))
+
+
 class _Settling:
-    """The in-flight rows a settle call names, locked, grouped by topic."""
+    """The in-flight rows a settle call names, locked."""
 
     def __init__(self, principal: Principal, group_name: str, receipts: list[str]) -> None:
         groups.validate_group_name(group_name)
@@ -410,21 +505,23 @@ class _Settling:
         if group is None:
             raise errors.GroupNotFound(group=group_name)
         self.group: models.ConsumerGroup = group
-        named = models.InFlight.objects.filter(group=group, receipt__in=self.receipts)
-        found = list(
-            named.values_list("group_id", "partition_id", "subscriber", "partition__topic__name")
-        )
-        for topic_name in sorted({name for *_, name in found}):
+        found = _named(group.id, self.receipts)
+        for topic_name in sorted({row.topic for row in found}):
             keys.require(principal, topic_name, "consume")
-        self.offsets = locked_offsets((g, p, s) for g, p, s, _ in found)
+        self.offsets = locked_offsets((r.group_id, r.partition_id, r.subscriber) for r in found)
         # Read again under the locks: a row may have been settled or redelivered meanwhile.
-        self.rows = list(named.select_related("partition__topic"))
+        # (SQLite already serialized this transaction's writes before the first read.)
+        self.rows = found if connection.vendor == "sqlite" else _named(group.id, self.receipts)
         matched = {row.receipt for row in self.rows}
         self.stale = tuple(r for r in self.receipts if r not in matched)
 
-    def by_topic(self) -> dict[int, tuple[models.Topic, list[models.InFlight]]]:
+    def models_by_topic(self) -> dict[int, tuple[models.Topic, list[models.InFlight]]]:
+        """The named rows as models, by topic (for the slower paths: nack, reject, extend)."""
         out: dict[int, tuple[models.Topic, list[models.InFlight]]] = {}
-        for row in self.rows:
+        rows = models.InFlight.objects.filter(id__in=[r.id for r in self.rows]).select_related(
+            "partition__topic"
+        )
+        for row in rows.order_by("id"):
             topic = row.partition.topic
             out.setdefault(topic.id, (topic, []))[1].append(row)
         return out
@@ -457,9 +554,23 @@ def ack_messages(principal: Principal, group_name: str, receipts: list[str]) -> 
     now = log.now_ms()
     with transaction.atomic(durable=True):
         settling = _Settling(principal, group_name, receipts)
-        models.InFlight.objects.filter(id__in=[row.id for row in settling.rows]).delete()
-        for topic, rows in settling.by_topic().values():
-            _trace_each(topic, rows, "acked", group_name, now)
+        _delete_in_flight([row.id for row in settling.rows])
+        trace.record(
+            [
+                trace.event(
+                    r.topic_id,
+                    r.partition,
+                    r.offset,
+                    "acked",
+                    group=group_name,
+                    member_id=r.member_id,
+                    attempt=r.attempt,
+                    at_ms=now,
+                )
+                for r in settling.rows
+                if r.trace
+            ]
+        )
         recompute_committed(settling.offsets)
     return SettleResult(settled=len(settling.rows), stale=settling.stale)
 
@@ -481,7 +592,7 @@ def nack_messages(
     dead = 0
     with transaction.atomic(durable=True):
         settling = _Settling(principal, group_name, receipts)
-        for topic, rows in settling.by_topic().values():
+        for topic, rows in settling.models_by_topic().values():
             dead += retries.fail(
                 rows, settling.group, topic, event="nacked", error=error, delay_ms=delay_ms, now=now
             )
@@ -498,9 +609,10 @@ def reject_messages(
     now = log.now_ms()
     with transaction.atomic(durable=True):
         settling = _Settling(principal, group_name, receipts)
-        for topic, rows in settling.by_topic().values():
+        for topic, rows in settling.models_by_topic().values():
+            error = error[: retries.MAX_ERROR_CHARS]
             for row in rows:
-                row.last_error = error[: retries.MAX_ERROR_CHARS]
+                row.last_error = error
             _trace_each(topic, rows, "rejected", group_name, now, error=error)
             retries.dead_letter_rows(rows, settling.group, topic, "rejected", now)
         recompute_committed(settling.offsets)
@@ -516,7 +628,7 @@ def extend_deadlines(
     now = log.now_ms()
     with transaction.atomic(durable=True):
         settling = _Settling(principal, group_name, receipts)
-        live = [r for r in settling.rows if r.state == models.InFlight.State.DELIVERED]
+        live = [r for r in settling.rows if r.state == models.InFlight.State.DELIVERED.value]
         models.InFlight.objects.filter(id__in=[r.id for r in live]).update(
             deadline_ms=now + extend_ms
         )

@@ -4,7 +4,6 @@ See docs/architecture.md#life-of-a-message and #locks. Offsets are assigned unde
 row lock inside the appending transaction, so they are contiguous and never reused.
 """
 
-import functools
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -17,6 +16,7 @@ from django.db.models import Sum
 from broker import models
 from broker import settings as ferry_settings
 from broker.core import (
+    bulk,
     dbthreads,
     errors,
     events,
@@ -38,20 +38,22 @@ from broker.core.records import (
 # Raw SQL on the produce hot path: the ORM's bulk_create costs more per row than the insert
 # itself (docs/benchmarks.md). Plain SQL that runs on SQLite and PostgreSQL; "offset" and "key"
 # are quoted because they are reserved words on PostgreSQL.
-INSERT_MESSAGES_HEAD = (
-    'INSERT INTO broker_message (partition_id, "offset", timestamp_ms, "key", tag, headers, '
-    "value, is_json, size_bytes, client_id) VALUES "
+MESSAGE_COLUMNS = (
+    "partition_id",
+    "offset",
+    "timestamp_ms",
+    "key",
+    "tag",
+    "headers",
+    "value",
+    "is_json",
+    "size_bytes",
+    "client_id",
 )
-INSERT_MESSAGES_ROW = "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
 # One row per statement: what the benchmark's raw baseline runs with executemany.
-INSERT_MESSAGES = INSERT_MESSAGES_HEAD + INSERT_MESSAGES_ROW
-# SQLite: rows per multi-row INSERT. One statement for many rows beats a statement per row,
-# and 500 rows x 10 parameters stays under SQLite's limit of 32766.
-ROWS_PER_INSERT = 500
-# PostgreSQL: COPY, its bulk path, takes a batch several times faster than INSERT statements.
-COPY_MESSAGES = (
-    'COPY broker_message (partition_id, "offset", timestamp_ms, "key", tag, headers, value, '
-    "is_json, size_bytes, client_id) FROM STDIN"
+INSERT_MESSAGES = (
+    'INSERT INTO broker_message (partition_id, "offset", timestamp_ms, "key", tag, headers, '
+    "value, is_json, size_bytes, client_id) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
 )
 
 # Raw SELECTs for the fetch hot path: the ORM would compile the query on every fetch, parse
@@ -269,7 +271,7 @@ def _store(
     next_offset = {n: p.next_offset for n, p in partitions.items()}
     partition_id = {n: p.id for n, p in partitions.items()}
     added_bytes = dict.fromkeys(partitions, 0)
-    rows = []
+    rows: list[tuple[object, ...]] = []
     placed: dict[int, tuple[int, int]] = {}
     for index in to_store:
         number, message, size, _ = plan[index]
@@ -305,27 +307,9 @@ def _store(
     return placed
 
 
-@functools.cache
-def _sqlite_insert_sql(row_count: int) -> str:
-    """The multi-row INSERT in sqlite3's own "?" style."""
-    sql = INSERT_MESSAGES_HEAD + ", ".join([INSERT_MESSAGES_ROW] * row_count)
-    return sql.replace("%s", "?")
-
-
 def _insert_rows(rows: Sequence[tuple[object, ...]]) -> None:
-    """Insert message rows in bulk, one branch per database. Caller holds the transaction."""
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cursor, cursor.cursor.copy(COPY_MESSAGES) as copy:
-            # cursor.cursor is psycopg's own cursor, which speaks COPY.
-            for row in rows:
-                copy.write_row(row)
-        return
-    # Straight to sqlite3: Django's cursor would rewrite the placeholders of this long statement
-    # with a regex on every call.
-    sqlite = connection.connection
-    for start in range(0, len(rows), ROWS_PER_INSERT):
-        chunk = rows[start : start + ROWS_PER_INSERT]
-        sqlite.execute(_sqlite_insert_sql(len(chunk)), [v for row in chunk for v in row])
+    """Insert message rows in bulk. Caller holds the transaction."""
+    bulk.insert_rows("broker_message", MESSAGE_COLUMNS, rows)
 
 
 def truncate(partition: models.Partition, new_start: int) -> int:

@@ -315,6 +315,7 @@ def redrive_dead_letters(
         }
         offsets = delivery.locked_offsets(keys_)
         redriven, missing, rows, events, done = 0, [], [], [], []
+        token = delivery.new_token()
         for letter in letters:
             p = partitions.get((letter.topic_id, letter.partition_number))
             position = offsets.get((group.id, p.id, letter.subscriber)) if p else None
@@ -346,7 +347,7 @@ def redrive_dead_letters(
                     offset=letter.offset,
                     state=models.InFlight.State.RETRY_WAIT,
                     member_id="",
-                    receipt=delivery.new_receipt(),
+                    receipt=delivery.receipt(token, p.id, letter.offset),
                     attempt=0,
                     deadline_ms=now,
                 )
