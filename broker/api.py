@@ -24,14 +24,17 @@ from broker.core import (
     keys,
     log,
     membership,
+    retries,
     scheduling,
     topics,
+    trace,
 )
 from broker.core.records import (
     GroupInfo,
     GroupTopicOffsets,
     MemberInfo,
     Principal,
+    SettleResult,
     TopicInfo,
 )
 
@@ -189,6 +192,8 @@ def topic_out(info: TopicInfo) -> dict[str, Any]:
         "max_message_bytes": info.max_message_bytes,
         "capacity": info.capacity,
         "overflow_policy": info.overflow_policy,
+        "message_ttl_ms": info.message_ttl_ms,
+        "trace": info.trace,
         "created_at_ms": info.created_at_ms,
         "partition_offsets": [
             {"partition": p.number, "start_offset": p.start_offset, "end_offset": p.end_offset}
@@ -201,6 +206,8 @@ def group_topic_out(offsets: GroupTopicOffsets) -> dict[str, Any]:
     return {
         "group": offsets.group,
         "topic": offsets.topic,
+        # Broadcast mode: each member has offsets of its own; "" is the group's.
+        "member": offsets.subscriber or None,
         "capacity": offsets.capacity,
         "max_offset": offsets.max_offset,
         "committed_offset": offsets.committed_total,
@@ -213,6 +220,8 @@ def group_topic_out(offsets: GroupTopicOffsets) -> dict[str, Any]:
                 "start_offset": p.start_offset,
                 "end_offset": p.end_offset,
                 "lag": p.lag,
+                "in_flight": p.in_flight,
+                "filtered": p.filtered,
             }
             for p in offsets.partitions
         ],
@@ -228,6 +237,8 @@ def group_out(info: GroupInfo) -> dict[str, Any]:
         "topics": [group_topic_out(t) for t in info.topics],
         # The member records' fields are the wire's fields.
         "members": [dataclasses.asdict(m) for m in info.members],
+        "settings": dataclasses.asdict(info.settings),
+        "dead_letters": info.dead_letters,
     }
 
 
@@ -263,6 +274,8 @@ def create_topic(request: AuthedRequest, body: schemas.TopicIn) -> Status[dict[s
         max_message_bytes=body.max_message_bytes,
         capacity=body.capacity,
         overflow_policy=body.overflow_policy,
+        message_ttl_ms=body.message_ttl_ms,
+        trace=body.trace,
     )
     return Status(201, topic_out(info))
 
@@ -418,12 +431,135 @@ async def poll(request: AuthedRequest, group: str, body: schemas.PollIn) -> Http
 @api.post("/groups/{group}/commit", response=schemas.GroupTopicOut, tags=["groups"])
 def commit(request: AuthedRequest, group: str, body: schemas.CommitIn) -> dict[str, Any]:
     offsets = {o.partition: o.offset for o in body.offsets}
-    return group_topic_out(groups.commit_offsets(request.auth, group, body.topic, offsets))
+    result = groups.commit_offsets(
+        request.auth,
+        group,
+        body.topic,
+        offsets,
+        member_id=body.member_id,
+        generation=body.generation,
+    )
+    return group_topic_out(result)
+
+
+def settle_out(result: SettleResult) -> dict[str, Any]:
+    return {
+        "settled": result.settled,
+        "stale": list(result.stale),
+        "dead_lettered": result.dead_lettered,
+    }
+
+
+# Settling is on every consumer's hot path, so these run on the database threads (async edge).
+
+
+@api.post("/groups/{group}/ack", response=schemas.SettleOut, tags=["delivery"])
+async def ack(request: AuthedRequest, group: str, body: schemas.AckIn) -> dict[str, Any]:
+    result = await dbthreads.run(delivery.ack_messages, request.auth, group, body.receipts)
+    return settle_out(result)
+
+
+@api.post("/groups/{group}/nack", response=schemas.SettleOut, tags=["delivery"])
+async def nack(request: AuthedRequest, group: str, body: schemas.NackIn) -> dict[str, Any]:
+    result = await dbthreads.run(
+        delivery.nack_messages,
+        request.auth,
+        group,
+        body.receipts,
+        error=body.error,
+        delay_ms=body.delay_ms,
+    )
+    return settle_out(result)
+
+
+@api.post("/groups/{group}/reject", response=schemas.SettleOut, tags=["delivery"])
+async def reject(request: AuthedRequest, group: str, body: schemas.RejectIn) -> dict[str, Any]:
+    result = await dbthreads.run(
+        delivery.reject_messages, request.auth, group, body.receipts, error=body.error
+    )
+    return settle_out(result)
+
+
+@api.post("/groups/{group}/extend", response=schemas.SettleOut, tags=["delivery"])
+async def extend(request: AuthedRequest, group: str, body: schemas.ExtendIn) -> dict[str, Any]:
+    result = await dbthreads.run(
+        delivery.extend_deadlines, request.auth, group, body.receipts, body.extend_ms
+    )
+    return settle_out(result)
+
+
+@api.get("/groups/{group}/dlq", response=schemas.DeadLetterPageOut, tags=["dead letters"])
+def list_dead_letters(
+    request: AuthedRequest,
+    group: str,
+    topic: str | None = None,
+    reason: schemas.DeadLetterReason | None = None,
+    after_id: int | None = Query(None, ge=0, le=INT64_MAX),
+    limit: int = Query(100, ge=0, le=INT32_MAX),
+) -> HttpResponse:
+    page = retries.list_dead_letters(
+        request.auth, group, topic_name=topic, reason=reason, after_id=after_id, limit=limit
+    )
+    # Rendered directly: the stored values go out as orjson fragments (broker/wire.py).
+    return json_response(
+        {
+            "items": [wire.dead_letter_out(d) for d in page.items],
+            "total": page.total,
+            "next_after_id": page.next_after_id,
+        }
+    )
+
+
+@api.post("/groups/{group}/dlq/redrive", response=schemas.RedriveOut, tags=["dead letters"])
+def redrive_dead_letters(
+    request: AuthedRequest, group: str, body: schemas.DeadLetterSelectionIn
+) -> dict[str, Any]:
+    # ids is None exactly when the body selects all (the schema's rule).
+    result = retries.redrive_dead_letters(
+        request.auth, group, body.ids, topic_name=body.topic, reason=body.reason
+    )
+    return {"redriven": result.redriven, "missing": list(result.missing)}
+
+
+@api.post("/groups/{group}/dlq/purge", response=schemas.PurgeOut, tags=["dead letters"])
+def purge_dead_letters(
+    request: AuthedRequest, group: str, body: schemas.DeadLetterSelectionIn
+) -> dict[str, Any]:
+    purged = retries.purge_dead_letters(
+        request.auth, group, body.ids, topic_name=body.topic, reason=body.reason
+    )
+    return {"purged": purged}
+
+
+@api.get(
+    "/topics/{name}/partitions/{partition}/messages/{offset}/trace",
+    response=schemas.TraceOut,
+    tags=["messages"],
+)
+def get_trace(
+    request: AuthedRequest,
+    name: str,
+    partition: int = Path(..., ge=0, le=INT32_MAX),
+    offset: int = Path(..., ge=0, le=INT64_MAX),
+) -> dict[str, Any]:
+    events = trace.get_trace(request.auth, name, partition, offset)
+    return {
+        "topic": name,
+        "partition": partition,
+        "offset": offset,
+        "events": [wire.trace_event_out(e) for e in events],
+    }
 
 
 @api.post("/groups/{group}/members", response={201: schemas.MemberOut}, tags=["groups"])
 def join_group(request: AuthedRequest, group: str, body: schemas.JoinIn) -> Status[dict[str, Any]]:
-    info = membership.join_group(request.auth, group, body.topic, body.member_id)
+    info = membership.join_group(
+        request.auth,
+        group,
+        body.topic,
+        body.member_id,
+        filter=body.filter_spec(),
+    )
     return Status(201, member_out(info))
 
 
@@ -443,7 +579,15 @@ def leave_group(request: AuthedRequest, group: str, member_id: str) -> Status[No
 @api.patch("/groups/{group}", response=schemas.GroupOut, tags=["groups"])
 def configure_group(request: AuthedRequest, group: str, body: schemas.GroupPatch) -> dict[str, Any]:
     info = membership.configure_group(
-        request.auth, group, strategy=body.strategy, session_timeout_ms=body.session_timeout_ms
+        request.auth,
+        group,
+        strategy=body.strategy,
+        session_timeout_ms=body.session_timeout_ms,
+        mode=body.mode,
+        ordered=body.ordered,
+        ack_deadline_ms=body.ack_deadline_ms,
+        max_attempts=body.max_attempts,
+        retry_delays_ms=body.retry_delays_ms,
     )
     return group_out(info)
 

@@ -19,6 +19,7 @@ from typing_extensions import TypedDict
 from broker.core.records import NewMessage
 
 Overflow = Literal["reject", "drop_oldest"]
+DeadLetterReason = Literal["max_attempts", "rejected", "expired"]
 
 
 class ErrorBody(Schema):
@@ -50,6 +51,10 @@ class TopicIn(In):
     max_message_bytes: int | None = None
     capacity: int | None = Field(None, description="Maximum messages kept per partition.")
     overflow_policy: Overflow = "reject"
+    message_ttl_ms: int | None = Field(
+        None, description="Messages older than this are dead-lettered instead of delivered."
+    )
+    trace: bool = Field(False, description="Record every message's delivery events.")
 
 
 class TopicPatch(In):
@@ -61,6 +66,8 @@ class TopicPatch(In):
     max_message_bytes: int | None = None
     capacity: int | None = None
     overflow_policy: Overflow | None = None
+    message_ttl_ms: int | None = None
+    trace: bool | None = None
 
 
 class PartitionOut(Schema):
@@ -77,6 +84,8 @@ class TopicOut(Schema):
     max_message_bytes: int
     capacity: int | None
     overflow_policy: str
+    message_ttl_ms: int | None
+    trace: bool
     created_at_ms: int
     partition_offsets: list[PartitionOut]
 
@@ -236,11 +245,38 @@ class PollIn(In):
     )
 
 
+class HeaderConditionIn(In):
+    """A header condition: name and exactly one of eq, in, exists (the core checks which)."""
+
+    name: str
+    eq: str | None = None
+    # "in" is a Python keyword: the field goes by its JSON name only through the alias.
+    in_: list[str] | None = Field(None, alias="in")
+    exists: bool | None = None
+
+
+class FilterIn(In):
+    """A subscription filter: RocketMQ's tag expression and header conditions, all must hold."""
+
+    tags: str | None = Field(None, examples=["created || paid"], description='"*": every tag.')
+    headers: list[HeaderConditionIn] | None = None
+
+    def to_spec(self) -> dict[str, Any]:
+        """The filter as the client wrote it, which is how the core stores and echoes it."""
+        return self.model_dump(exclude_unset=True, by_alias=True)
+
+
 class JoinIn(In):
     topic: str
     member_id: str | None = Field(
         None, description="Rejoin under this id; left out, the broker makes one up."
     )
+    filter: FilterIn | None = Field(
+        None, description="Deliver only matching messages to this member; a rejoin replaces it."
+    )
+
+    def filter_spec(self) -> dict[str, Any] | None:
+        return self.filter.to_spec() if self.filter is not None else None
 
 
 class MemberOut(Schema):
@@ -253,6 +289,8 @@ class MemberOut(Schema):
     partitions: list[int]
     session_timeout_ms: int
     heartbeat_interval_ms: int
+    mode: str
+    filter: dict[str, Any] | None
 
 
 class PartitionOffsetIn(In):
@@ -288,6 +326,12 @@ class PollOut(Schema):
 class CommitIn(In):
     topic: str
     offsets: list[PartitionOffsetIn] = Field(min_length=1)
+    member_id: str | None = Field(
+        None, description="Commit as this member: only partitions it holds (fenced)."
+    )
+    generation: int | None = Field(
+        None, description="The generation the member last saw; refused if the group moved on."
+    )
 
 
 class GroupPatch(In):
@@ -295,6 +339,15 @@ class GroupPatch(In):
 
     strategy: Literal["range", "round_robin", "sticky"] | None = None
     session_timeout_ms: int | None = None
+    mode: Literal["clustering", "broadcast"] | None = Field(
+        None, description="Changes only while the group has no members."
+    )
+    ordered: bool | None = None
+    ack_deadline_ms: int | None = None
+    max_attempts: int | None = None
+    retry_delays_ms: list[int] | None = Field(
+        None, description="The backoff per retry; [] means RocketMQ's levels."
+    )
 
 
 class ResetIn(In):
@@ -313,11 +366,16 @@ class PartitionLagOut(Schema):
     start_offset: int
     end_offset: int
     lag: int
+    in_flight: int = Field(description="Delivered and not settled, or waiting for a retry.")
+    filtered: int = Field(description="Messages the subscription filter skipped, all time.")
 
 
 class GroupTopicOut(Schema):
     group: str
     topic: str
+    member: str | None = Field(
+        description="Broadcast mode: the member these offsets are its own; else null."
+    )
     capacity: int | None
     max_offset: int
     committed_offset: int
@@ -332,6 +390,15 @@ class GroupMemberOut(Schema):
     partitions: list[int]
     joined_ms: int
     heartbeat_ms: int
+    filter: dict[str, Any] | None
+
+
+class GroupSettingsOut(Schema):
+    mode: str
+    ordered: bool
+    ack_deadline_ms: int
+    max_attempts: int
+    retry_delays_ms: list[int] = Field(description="[]: RocketMQ's levels, 10s to 2h.")
 
 
 class GroupOut(Schema):
@@ -341,8 +408,115 @@ class GroupOut(Schema):
     strategy: str
     topics: list[GroupTopicOut]
     members: list[GroupMemberOut]
+    settings: GroupSettingsOut
+    dead_letters: int = Field(description="Letters in the group's dead-letter queue.")
 
 
 class OverviewOut(Schema):
     topics: list[TopicOut]
     groups: list[GroupTopicOut]
+
+
+# Acknowledged delivery: settle what a member poll handed out, by receipt.
+
+Receipts = Annotated[
+    list[str],
+    Field(min_length=1, description="Receipts from a member poll (at most max_messages)."),
+]
+
+
+class AckIn(In):
+    receipts: Receipts
+
+
+class NackIn(In):
+    receipts: Receipts
+    error: str = Field("", description="Why it failed; kept with the retry and the dead letter.")
+    delay_ms: int | None = Field(
+        None, description="Redeliver after this long; left out, the group's backoff."
+    )
+
+
+class RejectIn(In):
+    receipts: Receipts
+    error: str = ""
+
+
+class ExtendIn(In):
+    receipts: Receipts
+    extend_ms: int = Field(description="The new deadline is now + extend_ms.")
+
+
+class SettleOut(Schema):
+    settled: int = Field(description="Receipts that named a delivery in flight.")
+    stale: list[str] = Field(
+        description="Receipts naming no delivery in flight: settled already, or redelivered "
+        "under a new receipt (for extend, also those waiting for a retry)."
+    )
+    dead_lettered: int
+
+
+class DeadLetterOut(Schema):
+    id: int
+    group: str
+    topic: str
+    member: str | None = Field(description="Broadcast mode: the member it failed for.")
+    partition: int
+    offset: int
+    reason: str = Field(description="max_attempts, rejected or expired.")
+    attempts: int
+    last_error: str
+    dead_ms: int
+    message: MessageOut
+
+
+class DeadLetterPageOut(Schema):
+    items: list[DeadLetterOut]
+    total: int = Field(description="Letters matching the filters, on every page.")
+    next_after_id: int | None = Field(description="Pass as after_id for the next page.")
+
+
+DeadLetterId = Annotated[int, Field(ge=0, le=2**63 - 1)]
+
+
+class DeadLetterSelectionIn(In):
+    """Which dead letters: exactly one of ids, or all (that match topic and reason)."""
+
+    ids: list[DeadLetterId] | None = Field(None, min_length=1)
+    all: bool = False
+    topic: str | None = None
+    reason: DeadLetterReason | None = None
+
+    @model_validator(mode="after")
+    def ids_or_all(self) -> "DeadLetterSelectionIn":
+        # A selection that forgot its ids must not widen to the whole queue.
+        if (self.ids is not None) == self.all:
+            raise ValueError('give exactly one of ids or "all": true')
+        return self
+
+
+class RedriveOut(Schema):
+    redriven: int
+    missing: list[int] = Field(
+        description="Letters whose message retention already removed: left in the queue."
+    )
+
+
+class PurgeOut(Schema):
+    purged: int
+
+
+class TraceEventOut(Schema):
+    at_ms: int
+    event: str
+    group: str | None
+    member_id: str | None
+    attempt: int | None
+    detail: dict[str, Any]
+
+
+class TraceOut(Schema):
+    topic: str
+    partition: int
+    offset: int
+    events: list[TraceEventOut]

@@ -9,7 +9,7 @@ from typing import Any
 
 import orjson
 
-from broker.core.records import Delivery, ScheduledInfo, StoredMessage
+from broker.core.records import DeadLetterInfo, Delivery, ScheduledInfo, StoredMessage, TraceInfo
 
 EMPTY_HEADERS = orjson.Fragment("{}")
 
@@ -42,6 +42,36 @@ def delivery_out(d: Delivery) -> dict[str, Any]:
         "receipt": d.receipt or None,
         "attempt": d.attempt,
         "deadline_ms": d.deadline_ms if d.receipt else None,
+    }
+
+
+def dead_letter_out(info: DeadLetterInfo) -> dict[str, Any]:
+    """A dead letter with its original coordinates and the message as fetch shows it."""
+    return {
+        "id": info.id,
+        "group": info.group,
+        "topic": info.topic,
+        # "" is the group's own offsets; broadcast mode names the member it failed for.
+        "member": info.subscriber or None,
+        "partition": info.partition,
+        "offset": info.offset,
+        "reason": info.reason,
+        "attempts": info.attempts,
+        "last_error": info.last_error,
+        "dead_ms": info.dead_ms,
+        "message": message_out(info.message),
+    }
+
+
+def trace_event_out(info: TraceInfo) -> dict[str, Any]:
+    return {
+        "at_ms": info.at_ms,
+        "event": info.event,
+        # Stored as "" when the event has no group (produced) or no member (retry, redrive).
+        "group": info.group or None,
+        "member_id": info.member_id or None,
+        "attempt": info.attempt,
+        "detail": info.detail,
     }
 
 

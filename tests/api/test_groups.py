@@ -76,6 +76,49 @@ def test_commit__then_poll_continues(api_client, orders):
     assert values(poll(api_client, "billing", orders)) == [3, 4]
 
 
+def test_commit__as_member_of_current_generation(api_client, orders):
+    member = api_client.post(
+        "/api/v1/groups/billing/members", {"topic": orders, "member_id": "a"}, content_type=JSON
+    ).json()
+    body = {
+        "topic": orders,
+        "offsets": [{"partition": 0, "offset": 2}],
+        "member_id": "a",
+        "generation": member["generation"],
+    }
+
+    response = api_client.post("/api/v1/groups/billing/commit", body, content_type=JSON)
+
+    assert (response.status_code, response.json()["committed_offset"]) == (200, 2)
+
+
+def test_commit__stale_generation(api_client, orders, error_of):
+    api_client.post(
+        "/api/v1/groups/billing/members", {"topic": orders, "member_id": "a"}, content_type=JSON
+    )
+    body = {
+        "topic": orders,
+        "offsets": [{"partition": 0, "offset": 2}],
+        "member_id": "a",
+        "generation": 0,
+    }
+
+    response = api_client.post("/api/v1/groups/billing/commit", body, content_type=JSON)
+
+    assert error_of(response) == (409, "stale_generation")
+    assert response.json()["error"]["detail"]["current_generation"] == 1
+    assert values(poll(api_client, "billing", orders)) == [0, 1, 2, 3, 4]
+
+
+def test_commit__unknown_member(api_client, orders, error_of):
+    body = {"topic": orders, "offsets": [{"partition": 0, "offset": 2}], "member_id": "ghost"}
+    api_client.post("/api/v1/groups/billing/members", {"topic": orders}, content_type=JSON)
+
+    response = api_client.post("/api/v1/groups/billing/commit", body, content_type=JSON)
+
+    assert error_of(response) == (404, "member_not_found")
+
+
 def test_commit__past_end(api_client, orders, error_of):
     response = commit(api_client, "billing", orders, {0: 6})
 
@@ -123,6 +166,15 @@ def test_describe_group__lag(api_client, topic_factory):
     # No member joined: membership is opt-in (tests/api/test_members.py).
     body = response.json()
     assert (body["generation"], body["strategy"], body["members"]) == (0, "sticky", [])
+    assert (topic["member"], body["dead_letters"]) == (None, 0)
+    assert [(p["in_flight"], p["filtered"]) for p in topic["partitions"]] == [(0, 0), (0, 0)]
+    assert body["settings"] == {
+        "mode": "clustering",
+        "ordered": False,
+        "ack_deadline_ms": 30_000,
+        "max_attempts": 16,
+        "retry_delays_ms": [],
+    }
 
 
 def test_describe_group__unknown(api_client, error_of):
@@ -186,3 +238,62 @@ def test_reset__bad_target(api_client, topic_factory):
         "/api/v1/groups/g/reset", {"topic": "orders", "to": "timestamp"}, content_type=JSON
     )
     assert (missing.status_code, missing.json()["error"]["code"]) == (400, "invalid_request")
+
+
+def test_configure_group__delivery_settings(api_client):
+    settings = {
+        "mode": "broadcast",
+        "ordered": True,
+        "ack_deadline_ms": 5000,
+        "max_attempts": 3,
+        "retry_delays_ms": [1000, 5000],
+    }
+
+    response = api_client.patch("/api/v1/groups/g", settings, content_type=JSON)
+
+    assert response.status_code == 200
+    assert response.json()["settings"] == settings
+    # Left out, a setting keeps its value.
+    kept = api_client.patch("/api/v1/groups/g", {"max_attempts": 4}, content_type=JSON).json()
+    assert kept["settings"] == {**settings, "max_attempts": 4}
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        ({"mode": "fanout"}, (422, "validation_error")),
+        ({"ack_deadline_ms": 10}, (400, "invalid_request")),
+        ({"max_attempts": 0}, (400, "invalid_request")),
+        ({"retry_delays_ms": [-1]}, (400, "invalid_request")),
+        ({"max_attempt": 3}, (422, "validation_error")),
+    ],
+    ids=["mode", "deadline", "attempts", "delays", "unknown-field"],
+)
+def test_configure_group__bad_setting(api_client, error_of, change, expected):
+    assert error_of(api_client.patch("/api/v1/groups/g", change, content_type=JSON)) == expected
+
+
+def test_configure_group__mode_with_members(api_client, orders, error_of):
+    api_client.post("/api/v1/groups/g/members", {"topic": orders}, content_type=JSON)
+
+    response = api_client.patch("/api/v1/groups/g", {"mode": "broadcast"}, content_type=JSON)
+
+    assert error_of(response) == (409, "group_has_members")
+
+
+def test_describe_group__broadcast_member_offsets(api_client, orders):
+    api_client.patch("/api/v1/groups/g", {"mode": "broadcast"}, content_type=JSON)
+    for member_id in ("a", "b"):
+        joined = api_client.post(
+            "/api/v1/groups/g/members",
+            {"topic": orders, "member_id": member_id},
+            content_type=JSON,
+        )
+        assert joined.json()["mode"] == "broadcast"
+    body = {"topic": orders, "member_id": "a", "max_messages": 2}
+    api_client.post("/api/v1/groups/g/poll", body, content_type=JSON)
+
+    topics = api_client.get("/api/v1/groups/g").json()["topics"]
+
+    in_flight = {t["member"]: t["partitions"][0]["in_flight"] for t in topics}
+    assert in_flight == {"a": 2, "b": 0}

@@ -12,6 +12,8 @@ MEMBER_FIELDS = {
     "partitions",
     "session_timeout_ms",
     "heartbeat_interval_ms",
+    "mode",
+    "filter",
 }
 
 
@@ -56,6 +58,7 @@ def test_join__first_member_holds_every_partition(api_client, orders):
     assert (body["group"], body["member_id"], body["topic"]) == ("billing", "a", "orders")
     assert (body["generation"], body["partitions"]) == (1, [0, 1, 2, 3])
     assert (body["session_timeout_ms"], body["heartbeat_interval_ms"]) == (45_000, 3000)
+    assert (body["mode"], body["filter"]) == ("clustering", None)
 
 
 def test_join__member_id_made_up_when_left_out(api_client, orders):
@@ -91,6 +94,43 @@ def test_join__unknown_field(api_client, orders, error_of):
         422,
         "validation_error",
     )
+
+
+def test_join__with_filter(api_client, orders):
+    spec = {"tags": "created || paid", "headers": [{"name": "region", "in": ["eu", "uk"]}]}
+
+    response = join(api_client, "billing", orders, member_id="a", filter=spec)
+
+    assert response.status_code == 201
+    assert response.json()["filter"] == spec
+    [member] = api_client.get("/api/v1/groups/billing").json()["members"]
+    assert member["filter"] == spec
+
+
+def test_join__filter_skips_messages(api_client, topic_factory):
+    topic_factory("events")
+    messages = [{"value": 0, "tag": "created"}, {"value": 1, "tag": "other"}]
+    api_client.post("/api/v1/topics/events/messages", {"messages": messages}, content_type=JSON)
+    join(api_client, "billing", "events", member_id="a", filter={"tags": "created"})
+
+    body = poll(api_client, "billing", "events", member_id="a").json()
+
+    assert ([m["value"] for m in body["messages"]], body["filtered"]) == ([0], 1)
+    [topic] = api_client.get("/api/v1/groups/billing").json()["topics"]
+    assert topic["partitions"][0]["filtered"] == 1
+
+
+def test_join__invalid_filter(api_client, orders, error_of):
+    bad = {"headers": [{"name": "region", "eq": "eu", "exists": True}]}
+
+    assert error_of(join(api_client, "billing", orders, filter=bad)) == (400, "invalid_filter")
+
+
+@pytest.mark.parametrize(
+    "spec", [{"tag": "a"}, {"headers": [{"name": "region", "equals": "eu"}]}], ids=["top", "header"]
+)
+def test_join__unknown_filter_field(api_client, orders, error_of, spec):
+    assert error_of(join(api_client, "billing", orders, filter=spec)) == (422, "validation_error")
 
 
 def test_heartbeat__current_assignment(api_client, orders):
@@ -191,7 +231,14 @@ def test_describe_group__generation_strategy_members(api_client, orders):
     assert (body["generation"], body["strategy"]) == (2, "sticky")
     members = body["members"]
     assert [m["member_id"] for m in members] == ["a", "b"]
-    assert set(members[0]) == {"member_id", "topic", "partitions", "joined_ms", "heartbeat_ms"}
+    assert set(members[0]) == {
+        "member_id",
+        "topic",
+        "partitions",
+        "joined_ms",
+        "heartbeat_ms",
+        "filter",
+    }
     assert all(m["topic"] == "orders" for m in members)
     assert sorted(p for m in members for p in m["partitions"]) == [0, 1, 2, 3]
     assert all(m["heartbeat_ms"] >= m["joined_ms"] for m in members)

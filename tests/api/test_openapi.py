@@ -7,12 +7,24 @@ ENDPOINTS = {
     "/api/v1/topics/{name}/messages": {"post"},
     "/api/v1/topics/{name}/partitions/{partition}/messages": {"get"},
     "/api/v1/topics/{name}/offsets": {"get"},
+    "/api/v1/topics/{name}/partitions/{partition}/messages/{offset}/trace": {"get"},
     "/api/v1/topics/{name}/scheduled": {"get"},
     "/api/v1/scheduled/{scheduled_id}": {"delete"},
     "/api/v1/groups": {"get"},
-    "/api/v1/groups/{group}": {"get"},
+    "/api/v1/groups/{group}": {"get", "patch"},
     "/api/v1/groups/{group}/poll": {"post"},
     "/api/v1/groups/{group}/commit": {"post"},
+    "/api/v1/groups/{group}/reset": {"post"},
+    "/api/v1/groups/{group}/members": {"post"},
+    "/api/v1/groups/{group}/members/{member_id}": {"delete"},
+    "/api/v1/groups/{group}/members/{member_id}/heartbeat": {"post"},
+    "/api/v1/groups/{group}/ack": {"post"},
+    "/api/v1/groups/{group}/nack": {"post"},
+    "/api/v1/groups/{group}/reject": {"post"},
+    "/api/v1/groups/{group}/extend": {"post"},
+    "/api/v1/groups/{group}/dlq": {"get"},
+    "/api/v1/groups/{group}/dlq/redrive": {"post"},
+    "/api/v1/groups/{group}/dlq/purge": {"post"},
     "/api/v1/overview": {"get"},
 }
 
@@ -24,6 +36,12 @@ def test_openapi__lists_paths(client):
     paths = response.json()["paths"]
     for path, methods in ENDPOINTS.items():
         assert methods <= set(paths.get(path, {})), path
+
+
+def test_openapi__filter_condition_uses_json_names(client):
+    schemas = client.get("/api/v1/openapi.json").json()["components"]["schemas"]
+
+    assert set(schemas["HeaderConditionIn"]["properties"]) == {"name", "eq", "in", "exists"}
 
 
 def test_docs__served(client):

@@ -150,3 +150,40 @@ def test_delete_topic__unknown(api_client, error_of):
     response = api_client.delete("/api/v1/topics/nope")
 
     assert error_of(response) == (404, "topic_not_found")
+
+
+def test_create_topic__ttl_and_trace(api_client):
+    response = api_client.post(
+        "/api/v1/topics",
+        {"name": "orders", "message_ttl_ms": 60_000, "trace": True},
+        content_type=JSON,
+    )
+
+    assert response.status_code == 201
+    assert (response.json()["message_ttl_ms"], response.json()["trace"]) == (60_000, True)
+
+
+def test_create_topic__defaults_no_ttl_no_trace(api_client):
+    body = api_client.post("/api/v1/topics", {"name": "orders"}, content_type=JSON).json()
+
+    assert (body["message_ttl_ms"], body["trace"]) == (None, False)
+
+
+def test_create_topic__bad_ttl(api_client, error_of):
+    response = api_client.post(
+        "/api/v1/topics", {"name": "orders", "message_ttl_ms": 0}, content_type=JSON
+    )
+
+    assert error_of(response) == (400, "invalid_request")
+
+
+def test_alter_topic__ttl_and_trace(api_client, topic_factory):
+    topic_factory("orders", message_ttl_ms=60_000)
+
+    set_ = api_client.patch("/api/v1/topics/orders", {"trace": True}, content_type=JSON).json()
+    cleared = api_client.patch(
+        "/api/v1/topics/orders", {"message_ttl_ms": None}, content_type=JSON
+    ).json()
+
+    assert (set_["message_ttl_ms"], set_["trace"]) == (60_000, True)
+    assert (cleared["message_ttl_ms"], cleared["trace"]) == (None, True)
