@@ -1,6 +1,9 @@
 from django.urls import path
 
-from dashboard import views
+from dashboard import examples, views
 
 app_name = "dashboard"
-urlpatterns = [path("", views.overview, name="overview")]
+urlpatterns = [
+    path("", views.overview, name="overview"),
+    path("examples/subscribe/", examples.subscribe, name="example-subscribe"),
+]
