@@ -214,7 +214,12 @@ class GroupOffset(models.Model):
 
 
 class InFlight(models.Model):
-    """A delivered message not yet settled, or one waiting for its retry (docs/semantics.md)."""
+    """Delivered messages not yet settled, or waiting for their retry (docs/semantics.md).
+
+    One row holds a run of consecutive offsets [offset, last_offset] delivered together, so a
+    batch costs one row per partition, not one per message; a settle that names part of a run
+    splits it. Receipts are "<token>.<partition id>.<offset>" (hex).
+    """
 
     class State(models.TextChoices):
         DELIVERED = "delivered"  # with a member until acked, nacked or deadline_ms passes
@@ -224,12 +229,11 @@ class InFlight(models.Model):
     partition = models.ForeignKey(Partition, on_delete=models.CASCADE, related_name="in_flight")
     subscriber = models.CharField(max_length=100, default="", blank=True)
     offset = models.BigIntegerField()
+    last_offset = models.BigIntegerField()
     state = models.CharField(max_length=12, choices=State.choices)
     member_id = models.CharField(max_length=100)
-    # Names this delivery: "<random token>.<partition id>.<offset>" (hex), found through the
-    # (group, partition, subscriber, offset) index; a redelivery gets a new token, so a stale
-    # receipt settles nothing.
-    receipt = models.CharField(max_length=40)
+    # Random per delivery: a redelivery gets a new one, so a stale receipt settles nothing.
+    token = models.CharField(max_length=16)
     attempt = models.PositiveIntegerField(default=1)
     deadline_ms = models.BigIntegerField()
     last_error = models.TextField(default="", blank=True)
@@ -244,7 +248,7 @@ class InFlight(models.Model):
         indexes = [models.Index(fields=["state", "deadline_ms"], name="inflight_state_deadline")]
 
     def __str__(self) -> str:
-        return f"{self.group_id}:{self.partition_id}@{self.offset}"
+        return f"{self.group_id}:{self.partition_id}@{self.offset}..{self.last_offset}"
 
 
 class DeadLetter(models.Model):

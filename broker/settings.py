@@ -41,7 +41,7 @@ class Defaults:
     # WebSocket: a client frame larger than this closes the connection (code 1009).
     WS_MAX_FRAME_BYTES: int = 16 * 1024 * 1024
     # WebSocket push: messages per `messages` frame at most.
-    WS_PUSH_BATCH: int = 1000
+    WS_PUSH_BATCH: int = 2000
     # Message trace events are kept this long, and purged this often.
     TRACE_RETENTION_SECONDS: int = 7 * 24 * 3600
     TRACE_PURGE_INTERVAL_SECONDS: float = 300.0

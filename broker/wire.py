@@ -36,13 +36,12 @@ def message_out(m: StoredMessage) -> dict[str, Any]:
 
 def delivery_out(d: Delivery) -> dict[str, Any]:
     """A message handed to a member, with what it needs to settle it."""
-    return {
-        **message_out(d.message),
-        # An auto-acked delivery has nothing left to settle.
-        "receipt": d.receipt or None,
-        "attempt": d.attempt,
-        "deadline_ms": d.deadline_ms if d.receipt else None,
-    }
+    out = message_out(d.message)
+    # An auto-acked delivery has nothing left to settle.
+    out["receipt"] = d.receipt or None
+    out["attempt"] = d.attempt
+    out["deadline_ms"] = d.deadline_ms if d.receipt else None
+    return out
 
 
 def dead_letter_out(info: DeadLetterInfo) -> dict[str, Any]:

@@ -1,13 +1,14 @@
-"""Bulk inserts for the hot paths: multi-row INSERT on SQLite, COPY on PostgreSQL.
+"""Hot-path writes: bulk inserts (multi-row INSERT / COPY) and bookkeeping transactions.
 
 See docs/benchmarks.md. The ORM's bulk_create builds a model instance and prepares every value
 of every row, which costs more than the database's own work for a thousand-row batch.
 """
 
+import contextlib
 import functools
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
-from django.db import connection
+from django.db import connection, transaction
 
 # SQLite allows 32766 parameters per statement; a few hundred rows per INSERT is the sweet spot.
 SQLITE_MAX_PARAMETERS = 32766
@@ -47,3 +48,41 @@ def _sqlite_insert(table: str, columns: tuple[str, ...], row_count: int) -> str:
     row = "(" + ", ".join("?" * len(columns)) + ")"
     # table and columns are the callers' constants, never input.
     return f"INSERT INTO {table} ({_quoted(columns)}) VALUES " + ", ".join([row] * row_count)  # noqa: S608
+
+
+@contextlib.contextmanager
+def bookkeeping() -> Iterator[None]:
+    """A durable=True transaction that commits without waiting for the disk flush.
+
+    For delivery bookkeeping only (deliver, ack, nack, the deadline sweep): a power loss may
+    forget the last few of these commits, and then their messages are delivered again, so at
+    least once still holds; a process crash forgets nothing (WAL). Produces never use it.
+    SQLite: synchronous=NORMAL for the transaction (set outside it, as SQLite requires: inside
+    an enclosing transaction, such as a test's, it is left as it is); PostgreSQL: SET LOCAL
+    synchronous_commit = off.
+    """
+    if connection.vendor == "sqlite" and not connection.in_atomic_block:
+        connection.ensure_connection()
+        sqlite = connection.connection
+        sqlite.execute("PRAGMA synchronous=NORMAL")
+        try:
+            with transaction.atomic(durable=True):
+                yield
+        finally:
+            sqlite.execute(f"PRAGMA synchronous={_sqlite_synchronous()}")
+        return
+    with transaction.atomic(durable=True):
+        if connection.vendor == "postgresql":
+            with connection.cursor() as cursor:
+                cursor.execute("SET LOCAL synchronous_commit = off")
+        yield
+
+
+def _sqlite_synchronous() -> str:
+    # The connection's configured level (FERRY_SQLITE_SYNCHRONOUS, FULL by default).
+    command = str(connection.settings_dict.get("OPTIONS", {}).get("init_command", ""))
+    for part in command.split(";"):
+        name, _, value = part.strip().partition("=")
+        if name.lower() == "pragma synchronous":
+            return value.strip()
+    return "FULL"

@@ -7,6 +7,7 @@ redrives of one (group, partition, subscriber), so a message is never handed out
 flight and the committed offset is always the lowest unsettled offset.
 """
 
+import bisect
 import functools
 import itertools
 import secrets
@@ -15,8 +16,8 @@ from collections.abc import Iterable
 from typing import Any, NamedTuple
 
 import orjson
-from django.db import connection, transaction
-from django.db.models import Min, Q
+from django.db import connection
+from django.db.models import F, Min, Q
 
 from broker import models
 from broker import settings as ferry_settings
@@ -47,9 +48,10 @@ IN_FLIGHT_COLUMNS = (
     "partition_id",
     "subscriber",
     "offset",
+    "last_offset",
     "state",
     "member_id",
-    "receipt",
+    "token",
     "attempt",
     "deadline_ms",
     "last_error",
@@ -72,15 +74,55 @@ def receipt(token: str, partition_id: int, offset: int) -> str:
     return f"{token}.{partition_id:x}.{offset:x}"
 
 
-def _parse_receipt(text: str) -> tuple[int, int] | None:
-    """(partition id, offset) of a receipt, or None for a string that is not one."""
+def _parse_receipt(text: str) -> tuple[str, int, int] | None:
+    """(token, partition id, offset) of a receipt, or None for a string that is not one."""
     parts = text.split(".")
     if len(parts) != 3:
         return None
     try:
-        return int(parts[1], 16), int(parts[2], 16)
+        return parts[0], int(parts[1], 16), int(parts[2], 16)
     except ValueError:
         return None
+
+
+def _row(r: models.InFlight, first: int, last: int) -> tuple[object, ...]:
+    """The columns of a piece [first, last] of a run, its other fields unchanged."""
+    return (
+        r.group_id,
+        r.partition_id,
+        r.subscriber,
+        first,
+        last,
+        r.state,
+        r.member_id,
+        r.token,
+        r.attempt,
+        r.deadline_ms,
+        r.last_error,
+    )
+
+
+def _split(rows: Iterable[models.InFlight], removed: dict[int, set[int]] | None = None) -> None:
+    """Split runs into one row per offset, leaving out removed[row id]. Caller holds the locks.
+
+    Settling part of a run, and the slower paths (nack, reject, extend, retries, the deadline
+    sweep), work on single messages; the runs they touch are split first.
+    """
+    runs = [r for r in rows if r.last_offset > r.offset or (removed and r.id in removed)]
+    if not runs:
+        return
+    models.InFlight.objects.filter(id__in=[r.id for r in runs]).delete()
+    gone = removed or {}
+    bulk.insert_rows(
+        "broker_inflight",
+        IN_FLIGHT_COLUMNS,
+        [
+            _row(r, o, o)
+            for r in runs
+            for o in range(r.offset, r.last_offset + 1)
+            if o not in gone.get(r.id, ())
+        ],
+    )
 
 
 def wake(topic_id: int) -> None:
@@ -189,7 +231,7 @@ def deliver_messages(
     _validate_max_messages(max_messages)
     topic = groups.topic_for_consume(principal, topic_name)
     now = log.now_ms()
-    with transaction.atomic(durable=True):
+    with bulk.bookkeeping():
         group, member = membership.touch_member(group_name, member_id, topic.id)
         broadcast = group.mode == models.ConsumerGroup.Mode.BROADCAST
         subscriber = member_id if broadcast else ""
@@ -274,6 +316,10 @@ class _Batch:
         pending = models.InFlight.objects.filter(
             group=self.group, subscriber=self.subscriber, partition_id__in=pids
         ).select_related("partition")
+        due_runs = pending.filter(
+            state=models.InFlight.State.RETRY_WAIT, deadline_ms__lte=self.now
+        ).filter(last_offset__gt=F("offset"))
+        _split(list(due_runs))
         if self.group.ordered:
             # One message of a partition in flight at most: its lowest row, if any, blocks it.
             lowest: dict[int, models.InFlight] = {}
@@ -307,10 +353,12 @@ class _Batch:
                     row.state = models.InFlight.State.DELIVERED
                     row.attempt += 1
                     row.member_id = self.member.member_id
-                    row.receipt = receipt(self.token, row.partition_id, row.offset)
+                    row.token = self.token
                     row.deadline_ms = self.deadline_ms
                     self.redelivered.append(row)
-                    self._hand_out(m, row.receipt, row.attempt)
+                    self._hand_out(
+                        m, receipt(self.token, row.partition_id, row.offset), row.attempt
+                    )
         models.InFlight.objects.filter(id__in=gone).delete()
         self.expired += len(expired)
         retries.dead_letter_rows(expired, self.group, self.topic, "expired", self.now)
@@ -334,25 +382,34 @@ class _Batch:
         p = row.partition
         position = max(row.delivered_offset, row.committed_offset, p.start_offset)
         scanned, taken, expired = 0, 0, []
+        ttl, everything = self.topic.message_ttl_ms, self.match.is_everything
+        run_start = -1  # first offset of the run being taken, -1 when none
         while taken < wanted and position < p.next_offset and scanned < SCAN_LIMIT:
             chunk = log.read_partition(
-                p.id, p.number, position, wanted - taken if self.match.is_everything else 500
+                p.id, p.number, position, wanted - taken if everything else 500
             )
             if not chunk:
                 break
             for m in chunk:
                 scanned += 1
                 position = m.offset + 1
-                if self._expired(m):
+                if ttl is not None and m.timestamp_ms + ttl < self.now:
                     expired.append(m)
-                elif not self.match.is_everything and not self.match.matches(m.tag, m.headers):
+                elif not everything and not self.match.matches(m.tag, m.headers):
                     row.filtered_count += 1
                     self.filtered += 1
                 else:
                     taken += 1
-                    self._take_new(row, m)
-                if taken >= wanted:
-                    break
+                    if run_start < 0:
+                        run_start = m.offset
+                    self._hand_out(m, self._receipt(row.partition_id, m.offset), 1)
+                    if taken >= wanted:
+                        break
+                    continue
+                # A skipped message ends the run being taken.
+                self._end_run(row.partition_id, run_start, m.offset - 1)
+                run_start = -1
+        self._end_run(row.partition_id, run_start, position - 1)
         row.delivered_offset = position
         row.save(update_fields=["delivered_offset", "filtered_count", "updated_at"])
         if expired:
@@ -361,24 +418,27 @@ class _Batch:
                 self.group, self.topic, self.subscriber, expired, "expired", self.now
             )
 
-    def _take_new(self, row: models.GroupOffset, m: StoredMessage) -> None:
-        name = "" if self.auto_ack else receipt(self.token, row.partition_id, m.offset)
-        if not self.auto_ack:
-            self.new_rows.append(
-                (
-                    self.group.id,
-                    row.partition_id,
-                    self.subscriber,
-                    m.offset,
-                    models.InFlight.State.DELIVERED.value,
-                    self.member.member_id,
-                    name,
-                    1,
-                    self.deadline_ms,
-                    "",
-                )
+    def _receipt(self, partition_id: int, offset: int) -> str:
+        return "" if self.auto_ack else receipt(self.token, partition_id, offset)
+
+    def _end_run(self, partition_id: int, first: int, last: int) -> None:
+        if first < 0 or self.auto_ack:
+            return
+        self.new_rows.append(
+            (
+                self.group.id,
+                partition_id,
+                self.subscriber,
+                first,
+                last,
+                models.InFlight.State.DELIVERED.value,
+                self.member.member_id,
+                self.token,
+                1,
+                self.deadline_ms,
+                "",
             )
-        self._hand_out(m, name, 1)
+        )
 
     def store(self) -> None:
         if self.auto_ack:
@@ -386,7 +446,7 @@ class _Batch:
             models.InFlight.objects.filter(id__in=[r.id for r in self.redelivered]).delete()
         else:
             models.InFlight.objects.bulk_update(
-                self.redelivered, ["state", "attempt", "member_id", "receipt", "deadline_ms"]
+                self.redelivered, ["state", "attempt", "member_id", "token", "deadline_ms"]
             )
             bulk.insert_rows("broker_inflight", IN_FLIGHT_COLUMNS, self.new_rows)
         trace.record(self.events)
@@ -434,14 +494,15 @@ def _validate_receipts(receipts: list[str]) -> list[str]:
 
 
 class _Named(NamedTuple):
-    """An in-flight row a settle call names, with its topic."""
+    """An in-flight run a settle call names, with its topic."""
 
     id: int
     group_id: int
     partition_id: int
     subscriber: str
-    receipt: str
+    token: str
     offset: int
+    last_offset: int
     member_id: str
     attempt: int
     state: str
@@ -455,10 +516,10 @@ class _Named(NamedTuple):
 # its partition and offset, so the rows come from the (group, partition, subscriber, offset)
 # index, one range per partition; the stored receipt must then match exactly.
 SELECT_NAMED = (
-    'SELECT i.id, i.group_id, i.partition_id, i.subscriber, i.receipt, i."offset", i.member_id, '
-    "i.attempt, i.state, p.number, t.id, t.name, t.trace FROM broker_inflight i "
+    'SELECT i.id, i.group_id, i.partition_id, i.subscriber, i.token, i."offset", i.last_offset, '
+    "i.member_id, i.attempt, i.state, p.number, t.id, t.name, t.trace FROM broker_inflight i "
     "JOIN broker_partition p ON p.id = i.partition_id JOIN broker_topic t ON t.id = p.topic_id "
-    'WHERE i.group_id = %s AND i.partition_id = %s AND i."offset" BETWEEN %s AND %s'
+    'WHERE i.group_id = %s AND i.partition_id = %s AND i."offset" <= %s AND i.last_offset >= %s'
 )
 DELETE_IN_FLIGHT = {
     "sqlite": "DELETE FROM broker_inflight WHERE id IN (SELECT value FROM json_each(%s))",
@@ -470,22 +531,26 @@ def _array(values: list[Any]) -> Any:
     return orjson.dumps(values).decode() if connection.vendor == "sqlite" else values
 
 
-def _named(group_id: int, receipts: list[str]) -> list[_Named]:
-    wanted = set(receipts)
-    offsets: dict[int, list[int]] = {}
+def _named(group_id: int, receipts: list[str]) -> dict[_Named, list[tuple[str, int]]]:
+    """The runs the receipts name, each with its named (receipt, offset) pairs."""
+    by_partition: dict[int, list[tuple[str, str, int]]] = {}
     for text in receipts:
         where = _parse_receipt(text)
         if where is not None:
-            offsets.setdefault(where[0], []).append(where[1])
-    found: list[_Named] = []
+            token, partition_id, offset = where
+            by_partition.setdefault(partition_id, []).append((text, token, offset))
+    found: dict[_Named, list[tuple[str, int]]] = {}
     with connection.cursor() as cursor:
-        for partition_id, numbers in sorted(offsets.items()):
-            cursor.execute(SELECT_NAMED, (group_id, partition_id, min(numbers), max(numbers)))
-            found.extend(
-                _Named._make((*row[:12], bool(row[12])))
-                for row in cursor.fetchall()
-                if row[4] in wanted
-            )
+        for partition_id, named in sorted(by_partition.items()):
+            low, high = min(n[2] for n in named), max(n[2] for n in named)
+            cursor.execute(SELECT_NAMED, (group_id, partition_id, high, low))
+            runs = [_Named._make((*row[:13], bool(row[13]))) for row in cursor.fetchall()]
+            runs.sort(key=lambda r: r.offset)
+            starts = [r.offset for r in runs]
+            for text, token, offset in named:
+                i = bisect.bisect_right(starts, offset) - 1
+                if i >= 0 and runs[i].last_offset >= offset and runs[i].token == token:
+                    found.setdefault(runs[i], []).append((text, offset))
     return found
 
 
@@ -496,7 +561,7 @@ def _delete_in_flight(ids: list[int]) -> None:
 
 
 class _Settling:
-    """The in-flight rows a settle call names, locked."""
+    """The in-flight runs a settle call names, locked."""
 
     def __init__(self, principal: Principal, group_name: str, receipts: list[str]) -> None:
         groups.validate_group_name(group_name)
@@ -506,21 +571,33 @@ class _Settling:
             raise errors.GroupNotFound(group=group_name)
         self.group: models.ConsumerGroup = group
         found = _named(group.id, self.receipts)
-        for topic_name in sorted({row.topic for row in found}):
+        for topic_name in sorted({run.topic for run in found}):
             keys.require(principal, topic_name, "consume")
         self.offsets = locked_offsets((r.group_id, r.partition_id, r.subscriber) for r in found)
-        # Read again under the locks: a row may have been settled or redelivered meanwhile.
+        # Read again under the locks: a run may have been settled or redelivered meanwhile.
         # (SQLite already serialized this transaction's writes before the first read.)
-        self.rows = found if connection.vendor == "sqlite" else _named(group.id, self.receipts)
-        matched = {row.receipt for row in self.rows}
+        self.runs = found if connection.vendor == "sqlite" else _named(group.id, self.receipts)
+        matched = {text for named in self.runs.values() for text, _ in named}
         self.stale = tuple(r for r in self.receipts if r not in matched)
+        self.count = len(matched)
 
-    def models_by_topic(self) -> dict[int, tuple[models.Topic, list[models.InFlight]]]:
-        """The named rows as models, by topic (for the slower paths: nack, reject, extend)."""
+    def single_rows(self) -> dict[int, tuple[models.Topic, list[models.InFlight]]]:
+        """The named messages as one model row each, by topic (nack, reject, extend).
+
+        Splits the runs they are in first.
+        """
+        runs = models.InFlight.objects.filter(id__in=[r.id for r in self.runs])
+        _split(list(runs))
+        match = Q(pk__in=[])
+        for run, named in self.runs.items():
+            match |= Q(
+                group_id=run.group_id,
+                partition_id=run.partition_id,
+                subscriber=run.subscriber,
+                offset__in=[offset for _, offset in named],
+            )
         out: dict[int, tuple[models.Topic, list[models.InFlight]]] = {}
-        rows = models.InFlight.objects.filter(id__in=[r.id for r in self.rows]).select_related(
-            "partition__topic"
-        )
+        rows = models.InFlight.objects.filter(match).select_related("partition__topic")
         for row in rows.order_by("id"):
             topic = row.partition.topic
             out.setdefault(topic.id, (topic, []))[1].append(row)
@@ -552,27 +629,36 @@ def _trace_each(
 def ack_messages(principal: Principal, group_name: str, receipts: list[str]) -> SettleResult:
     """Settle delivered messages for good; the committed offsets move to the lowest unsettled."""
     now = log.now_ms()
-    with transaction.atomic(durable=True):
+    with bulk.bookkeeping():
         settling = _Settling(principal, group_name, receipts)
-        _delete_in_flight([row.id for row in settling.rows])
+        whole, partial = [], {}
+        for run, named in settling.runs.items():
+            if len(named) == run.last_offset - run.offset + 1:
+                whole.append(run.id)
+            else:
+                partial[run.id] = {offset for _, offset in named}
+        _delete_in_flight(whole)
+        if partial:
+            _split(list(models.InFlight.objects.filter(id__in=partial)), partial)
         trace.record(
             [
                 trace.event(
-                    r.topic_id,
-                    r.partition,
-                    r.offset,
+                    run.topic_id,
+                    run.partition,
+                    offset,
                     "acked",
                     group=group_name,
-                    member_id=r.member_id,
-                    attempt=r.attempt,
+                    member_id=run.member_id,
+                    attempt=run.attempt,
                     at_ms=now,
                 )
-                for r in settling.rows
-                if r.trace
+                for run, named in settling.runs.items()
+                if run.trace
+                for _, offset in named
             ]
         )
         recompute_committed(settling.offsets)
-    return SettleResult(settled=len(settling.rows), stale=settling.stale)
+    return SettleResult(settled=settling.count, stale=settling.stale)
 
 
 def nack_messages(
@@ -590,16 +676,16 @@ def nack_messages(
         raise errors.InvalidRequest(f"delay_ms is 0 to {max_delay}.", delay_ms=delay_ms)
     now = log.now_ms()
     dead = 0
-    with transaction.atomic(durable=True):
+    with bulk.bookkeeping():
         settling = _Settling(principal, group_name, receipts)
-        for topic, rows in settling.models_by_topic().values():
+        for topic, rows in settling.single_rows().values():
             dead += retries.fail(
                 rows, settling.group, topic, event="nacked", error=error, delay_ms=delay_ms, now=now
             )
             if delay_ms == 0:
                 wake(topic.id)
         recompute_committed(settling.offsets)
-    return SettleResult(settled=len(settling.rows), stale=settling.stale, dead_lettered=dead)
+    return SettleResult(settled=settling.count, stale=settling.stale, dead_lettered=dead)
 
 
 def reject_messages(
@@ -607,16 +693,16 @@ def reject_messages(
 ) -> SettleResult:
     """Send delivered messages straight to the group's dead-letter queue (no more retries)."""
     now = log.now_ms()
-    with transaction.atomic(durable=True):
+    with bulk.bookkeeping():
         settling = _Settling(principal, group_name, receipts)
-        for topic, rows in settling.models_by_topic().values():
+        for topic, rows in settling.single_rows().values():
             error = error[: retries.MAX_ERROR_CHARS]
             for row in rows:
                 row.last_error = error
             _trace_each(topic, rows, "rejected", group_name, now, error=error)
             retries.dead_letter_rows(rows, settling.group, topic, "rejected", now)
         recompute_committed(settling.offsets)
-    n = len(settling.rows)
+    n = settling.count
     return SettleResult(settled=n, stale=settling.stale, dead_lettered=n)
 
 
@@ -626,13 +712,20 @@ def extend_deadlines(
     """Give delivered messages more time: their deadlines become now + extend_ms."""
     validate_ack_deadline(extend_ms, "extend_ms")
     now = log.now_ms()
-    with transaction.atomic(durable=True):
+    with bulk.bookkeeping():
         settling = _Settling(principal, group_name, receipts)
-        live = [r for r in settling.rows if r.state == models.InFlight.State.DELIVERED.value]
+        rows = [row for _, topic_rows in settling.single_rows().values() for row in topic_rows]
+        live = [r for r in rows if r.state == models.InFlight.State.DELIVERED]
         models.InFlight.objects.filter(id__in=[r.id for r in live]).update(
             deadline_ms=now + extend_ms
         )
-    waiting = {r.receipt for r in settling.rows} - {r.receipt for r in live}
+    # A message waiting for its retry is not with the consumer any more: nothing to extend.
+    receipt_of = {
+        (run.partition_id, offset): text
+        for run, named in settling.runs.items()
+        for text, offset in named
+    }
+    waiting = {receipt_of[(r.partition_id, r.offset)] for r in rows if r not in live}
     return SettleResult(settled=len(live), stale=settling.stale + tuple(sorted(waiting)))
 
 
@@ -678,7 +771,7 @@ def redeliver_expired() -> int:
 
 
 def _sweep_group(group_id: int, keys_: list[OffsetKey], now: int) -> int:
-    with transaction.atomic(durable=True):
+    with bulk.bookkeeping():
         group = models.ConsumerGroup.objects.filter(id=group_id).first()
         if group is None:
             return 0
@@ -686,11 +779,11 @@ def _sweep_group(group_id: int, keys_: list[OffsetKey], now: int) -> int:
         match = Q()
         for g, p, s in offsets:
             match |= Q(group_id=g, partition_id=p, subscriber=s)
-        rows = list(
-            models.InFlight.objects.filter(
-                match, state=models.InFlight.State.DELIVERED, deadline_ms__lt=now
-            ).select_related("partition__topic")
+        expired = models.InFlight.objects.filter(
+            match, state=models.InFlight.State.DELIVERED, deadline_ms__lt=now
         )
+        _split(list(expired.filter(last_offset__gt=F("offset"))))
+        rows = list(expired.select_related("partition__topic"))
         by_topic: dict[int, tuple[models.Topic, list[models.InFlight]]] = {}
         for row in rows:
             by_topic.setdefault(row.partition.topic_id, (row.partition.topic, []))[1].append(row)

@@ -10,7 +10,7 @@ import threading
 from collections.abc import Iterable
 
 from django.db import transaction
-from django.db.models import Count
+from django.db.models import F, Sum
 
 from broker import models
 from broker import settings as ferry_settings
@@ -326,7 +326,7 @@ def _in_flight_counts(group_filter: dict[str, object]) -> dict[tuple[int, int, s
         (g, p, s): n
         for g, p, s, n in models.InFlight.objects.filter(**group_filter)
         .values("group_id", "partition_id", "subscriber")
-        .annotate(n=Count("id"))
+        .annotate(n=Sum(F("last_offset") - F("offset") + 1))
         .values_list("group_id", "partition_id", "subscriber", "n")
     }
 

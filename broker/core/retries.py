@@ -345,9 +345,10 @@ def redrive_dead_letters(
                     partition=p,
                     subscriber=letter.subscriber,
                     offset=letter.offset,
+                    last_offset=letter.offset,
                     state=models.InFlight.State.RETRY_WAIT,
                     member_id="",
-                    receipt=delivery.receipt(token, p.id, letter.offset),
+                    token=token,
                     attempt=0,
                     deadline_ms=now,
                 )

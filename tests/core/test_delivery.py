@@ -256,3 +256,70 @@ def test_join_group__start_timestamp(topic_factory, console):
     models.Message.objects.filter(offset=0).update(timestamp_ms=1)
     joined(console, topic, start="timestamp", start_timestamp_ms=2)
     assert [d.message.offset for d in deliver(console, topic)] == [1]
+
+
+def runs():
+    return sorted(
+        (r.offset, r.last_offset, r.state) for r in models.InFlight.objects.order_by("offset")
+    )
+
+
+def test_deliver_messages__one_row_per_run(topic_factory, console, django_assert_max_num_queries):
+    topic = topic_factory().name
+    produce(console, topic, 500)
+    joined(console, topic)
+    with django_assert_max_num_queries(16):
+        got = deliver(console, topic, n=500)
+    assert len(got) == 500
+    assert runs() == [(0, 499, "delivered")]
+    with django_assert_max_num_queries(10):
+        delivery.ack_messages(console, "g", [d.receipt for d in got])
+    assert runs() == []
+
+
+def test_ack_messages__part_of_a_run_splits_it(topic_factory, console):
+    topic = topic_factory().name
+    produce(console, topic, 5)
+    joined(console, topic)
+    got = deliver(console, topic)
+    delivery.ack_messages(console, "g", [got[0].receipt, got[2].receipt])
+    assert runs() == [(1, 1, "delivered"), (3, 3, "delivered"), (4, 4, "delivered")]
+    assert committed("g", topic).committed_offset == 1
+    assert committed("g", topic).in_flight == 3
+    # The other receipts still settle their messages.
+    assert delivery.ack_messages(console, "g", [got[1].receipt, got[3].receipt]).settled == 2
+    assert committed("g", topic).committed_offset == 4
+
+
+def test_nack_messages__middle_of_a_run(topic_factory, console):
+    topic = topic_factory().name
+    produce(console, topic, 3)
+    joined(console, topic)
+    got = deliver(console, topic)
+    delivery.nack_messages(console, "g", [got[1].receipt], delay_ms=60_000)
+    assert runs() == [(0, 0, "delivered"), (1, 1, "retry_wait"), (2, 2, "delivered")]
+    result = delivery.extend_deadlines(console, "g", [got[0].receipt, got[1].receipt], 60_000)
+    assert (result.settled, result.stale) == (1, (got[1].receipt,))
+
+
+def test_ack_messages__wrong_token_or_garbage_is_stale(topic_factory, console):
+    topic = topic_factory().name
+    produce(console, topic, 1)
+    joined(console, topic)
+    (d,) = deliver(console, topic)
+    forged = "00000000." + d.receipt.split(".", 1)[1]
+    result = delivery.ack_messages(console, "g", [forged, "nonsense", "a.zz.1"])
+    assert (result.settled, len(result.stale)) == (0, 3)
+    assert runs() == [(0, 0, "delivered")]
+
+
+def test_redeliver_expired__splits_runs(topic_factory, console):
+    topic = topic_factory().name
+    produce(console, topic, 3)
+    joined(console, topic)
+    membership.configure_group(console, "g", retry_delays_ms=[0])
+    deliver(console, topic)
+    models.InFlight.objects.update(deadline_ms=log.now_ms() - 1)
+    assert delivery.redeliver_expired() == 3
+    again = deliver(console, topic)
+    assert [(d.message.offset, d.attempt) for d in again] == [(0, 2), (1, 2), (2, 2)]
