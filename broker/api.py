@@ -20,6 +20,7 @@ from broker.core import (
     dbthreads,
     delivery,
     errors,
+    groupcommit,
     groups,
     keys,
     log,
@@ -301,7 +302,7 @@ def delete_topic(request: AuthedRequest, name: str) -> Status[None]:
 @api.post("/topics/{name}/messages", response=schemas.ProduceOut, tags=["messages"])
 async def produce(request: AuthedRequest, name: str, body: schemas.ProduceIn) -> HttpResponse:
     messages = body.to_new_messages()
-    results = await dbthreads.run(log.append_messages, request.auth, name, messages)
+    results = await groupcommit.append_messages(request.auth, name, messages)
     return json_response(
         {
             "results": [

@@ -24,7 +24,16 @@ from typing_extensions import override
 
 from broker import frames, wire
 from broker import settings as ferry_settings
-from broker.core import dbthreads, delivery, errors, events, keys, log, membership
+from broker.core import (
+    dbthreads,
+    delivery,
+    errors,
+    events,
+    groupcommit,
+    keys,
+    log,
+    membership,
+)
 from broker.core.records import AppendResult, MemberInfo, Principal
 
 logger = logging.getLogger(__name__)
@@ -357,8 +366,8 @@ class BrokerConsumer(AsyncWebsocketConsumer):
         )
 
     async def on_publish(self, frame: frames.PublishFrame) -> None:
-        results = await dbthreads.run(
-            log.append_messages, self._principal(), frame.topic, frame.to_new_messages()
+        results = await groupcommit.append_messages(
+            self._principal(), frame.topic, frame.to_new_messages()
         )
         await self._send_frame(
             {"type": "published", "ref": frame.ref, "results": [_append_out(r) for r in results]}

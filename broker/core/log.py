@@ -131,6 +131,22 @@ def append_messages(
     principal: Principal, topic_name: str, messages: list[NewMessage]
 ) -> list[AppendResult]:
     """Append a batch in one transaction; results are in the batch's order."""
+    topic, plan = checked_batch(principal, topic_name, messages)
+    for attempt in range(_DEDUP_ATTEMPTS):
+        try:
+            return _append_planned(topic, plan)
+        except IntegrityError:
+            # PostgreSQL only: a concurrent producer stored one of these client ids between our
+            # lookup and our insert. The retry sees it and answers duplicate.
+            if attempt == _DEDUP_ATTEMPTS - 1:
+                raise errors.BrokerError("Could not store the batch; retry it.") from None
+    raise AssertionError("unreachable")
+
+
+def checked_batch(
+    principal: Principal, topic_name: str, messages: list[NewMessage]
+) -> tuple[models.Topic, list[_Planned]]:
+    """Everything append_messages checks before its transaction; the topic and the plan."""
     topics.validate_name(topic_name)
     keys.require(principal, topic_name, "produce")
     if not messages:
@@ -143,21 +159,17 @@ def append_messages(
     topic = models.Topic.objects.filter(name=topic_name).first()
     if topic is None:
         raise errors.TopicNotFound(name=topic_name)
-    plan = _plan(topic, messages)
-    for attempt in range(_DEDUP_ATTEMPTS):
-        try:
-            return _append_planned(topic, plan)
-        except IntegrityError:
-            # PostgreSQL only: a concurrent producer stored one of these client ids between our
-            # lookup and our insert. The retry sees it and answers duplicate.
-            if attempt == _DEDUP_ATTEMPTS - 1:
-                raise errors.BrokerError("Could not store the batch; retry it.") from None
-    raise AssertionError("unreachable")
+    return topic, _plan(topic, messages)
 
 
 def _append_planned(topic: models.Topic, plan: list[_Planned]) -> list[AppendResult]:
     with transaction.atomic(durable=True):
         return _append_in_transaction(topic, plan)
+
+
+def append_planned_in_transaction(topic: models.Topic, plan: list[_Planned]) -> list[AppendResult]:
+    """Append a checked batch (checked_batch). Caller holds the write transaction."""
+    return _append_in_transaction(topic, plan)
 
 
 def append_in_transaction(topic: models.Topic, messages: list[NewMessage]) -> list[AppendResult]:

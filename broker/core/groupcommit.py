@@ -1,0 +1,138 @@
+"""Group commit: small produce requests that arrive together share one transaction.
+
+See docs/architecture.md#group-commit. A commit waits for the disk; with one request per
+commit a broker does a few hundred single-message produces a second, however many clients
+send them. Requests that arrive while a commit is under way are appended together in the next
+one, each in its own savepoint, so each is still all or nothing on its own: a request that
+fails rolls back alone and gets its own error, and the rest commit.
+"""
+
+import asyncio
+import weakref
+from collections.abc import Coroutine
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.db import IntegrityError, transaction
+
+from broker.core import dbthreads, errors, log
+from broker.core.records import AppendResult, NewMessage, Principal
+
+# Larger requests commit on their own: they already amortize the flush.
+MAX_GROUPED_MESSAGES = 100
+# At most this many messages per group commit.
+MAX_GROUP_MESSAGES = 5000
+
+Outcome = list[AppendResult] | errors.BrokerError | None
+
+
+def append_batches(
+    requests: list[tuple[Principal, str, list[NewMessage]]],
+) -> list[Outcome]:
+    """Append several produce requests in one transaction, each in a savepoint.
+
+    Each outcome is the request's results or its BrokerError; None means it met a concurrent
+    producer's client id (PostgreSQL) and must be retried on its own with log.append_messages.
+    """
+    outcomes: list[Outcome] = [None] * len(requests)
+    checked = []
+    for i, (principal, topic_name, messages) in enumerate(requests):
+        try:
+            checked.append((i, *log.checked_batch(principal, topic_name, messages)))
+        except errors.BrokerError as exc:
+            outcomes[i] = exc
+    if checked:
+        with transaction.atomic(durable=True):
+            for i, topic, plan in checked:
+                try:
+                    with transaction.atomic():
+                        outcomes[i] = log.append_planned_in_transaction(topic, plan)
+                except errors.BrokerError as exc:
+                    outcomes[i] = exc
+                except IntegrityError:
+                    outcomes[i] = None
+    return outcomes
+
+
+@dataclass
+class _Waiting:
+    principal: Principal
+    topic: str
+    messages: list[NewMessage]
+    future: "asyncio.Future[list[AppendResult]]"
+
+
+@dataclass
+class _Queue:
+    waiting: list[_Waiting] = field(default_factory=list)
+    draining: bool = False
+    # Running tasks, referenced so that they are not collected mid-way.
+    tasks: set["asyncio.Task[None]"] = field(default_factory=set)
+
+    def start(self, coroutine: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coroutine)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+
+# One queue per event loop (a server has one; tests make many).
+_queues: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Queue]" = (
+    weakref.WeakKeyDictionary()
+)
+
+
+async def append_messages(
+    principal: Principal, topic_name: str, messages: list[NewMessage]
+) -> list[AppendResult]:
+    """log.append_messages for async edges, sharing a commit with requests arriving alongside."""
+    if len(messages) > MAX_GROUPED_MESSAGES:
+        return await dbthreads.run(log.append_messages, principal, topic_name, messages)
+    loop = asyncio.get_running_loop()
+    queue = _queues.setdefault(loop, _Queue())
+    waiting = _Waiting(principal, topic_name, messages, loop.create_future())
+    queue.waiting.append(waiting)
+    if not queue.draining:
+        queue.draining = True
+        queue.start(_drain(queue))
+    return await waiting.future
+
+
+async def _drain(queue: _Queue) -> None:
+    """Commit what is waiting, group by group, until nothing is."""
+    try:
+        while queue.waiting:
+            group, size = [], 0
+            while queue.waiting and size + len(queue.waiting[0].messages) <= MAX_GROUP_MESSAGES:
+                size += len(queue.waiting[0].messages)
+                group.append(queue.waiting.pop(0))
+            try:
+                outcomes = await dbthreads.run(
+                    append_batches, [(w.principal, w.topic, w.messages) for w in group]
+                )
+            except Exception as exc:
+                for w in group:
+                    if not w.future.done():
+                        w.future.set_exception(exc)
+                continue
+            for w, outcome in zip(group, outcomes, strict=True):
+                if w.future.done():
+                    continue  # the caller went away (a closed connection)
+                if outcome is None:
+                    queue.start(_retry_alone(w))
+                elif isinstance(outcome, errors.BrokerError):
+                    w.future.set_exception(outcome)
+                else:
+                    w.future.set_result(outcome)
+    finally:
+        queue.draining = False
+
+
+async def _retry_alone(w: _Waiting) -> None:
+    try:
+        results = await dbthreads.run(log.append_messages, w.principal, w.topic, w.messages)
+    except Exception as exc:
+        if not w.future.done():
+            w.future.set_exception(exc)
+    else:
+        if not w.future.done():
+            w.future.set_result(results)
