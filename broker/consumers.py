@@ -112,6 +112,8 @@ _live: "weakref.WeakSet[BrokerConsumer]" = weakref.WeakSet()
 _shutdown_hooked = False
 SHUTDOWN_TIMEOUT_S = 10
 CLOSE_WAIT_S = 2
+# Publish frames of one connection being committed at once; more wait their turn.
+MAX_PUBLISHES_IN_FLIGHT = 256
 
 
 def _hook_shutdown() -> None:
@@ -148,6 +150,7 @@ class BrokerConsumer(AsyncWebsocketConsumer):
     principal: Principal | None
     subs: dict[str, Subscription]
     closed: asyncio.Event
+    publishing: "set[asyncio.Task[None]]"
 
     async def close_for_shutdown(self) -> None:
         """Say goodbye, hand unsettled messages back to their groups, close with 1001."""
@@ -168,6 +171,7 @@ class BrokerConsumer(AsyncWebsocketConsumer):
         self.principal = None
         self.subs = {}
         self.closed = asyncio.Event()
+        self.publishing = set()
         _hook_shutdown()
         _live.add(self)
         await self.accept()
@@ -239,9 +243,28 @@ class BrokerConsumer(AsyncWebsocketConsumer):
                 raise errors.Unauthenticated(
                     "Send an auth frame first (or connect with an Authorization header)."
                 )
+            if frame.type == "publish":
+                # Publishes run beside the next frames, so that a producer may keep several in
+                # flight and they share commits (core/groupcommit.py); they are committed in
+                # the order they arrived.
+                await self._spawn_publish(frame)
+                return
             await HANDLERS[frame.type](self, frame)
         except errors.BrokerError as exc:
             await self._send_raw(_error(exc, ref, sub if isinstance(sub, str) else None))
+
+    async def _spawn_publish(self, frame: frames.PublishFrame) -> None:
+        while len(self.publishing) >= MAX_PUBLISHES_IN_FLIGHT:
+            await asyncio.wait(self.publishing, return_when=asyncio.FIRST_COMPLETED)
+        task = asyncio.create_task(self._publish(frame))
+        self.publishing.add(task)
+        task.add_done_callback(self.publishing.discard)
+
+    async def _publish(self, frame: frames.PublishFrame) -> None:
+        try:
+            await self.on_publish(frame)
+        except errors.BrokerError as exc:
+            await self._send_raw(_error(exc, frame.ref))
 
     @staticmethod
     def _parse(raw: Any) -> Any:

@@ -15,6 +15,7 @@ from typing import Any
 
 from django.db import IntegrityError, transaction
 
+from broker import models
 from broker.core import dbthreads, errors, log
 from broker.core.records import AppendResult, NewMessage, Principal
 
@@ -29,29 +30,56 @@ Outcome = list[AppendResult] | errors.BrokerError | None
 def append_batches(
     requests: list[tuple[Principal, str, list[NewMessage]]],
 ) -> list[Outcome]:
-    """Append several produce requests in one transaction, each in a savepoint.
+    """Append several produce requests in one transaction.
 
-    Each outcome is the request's results or its BrokerError; None means it met a concurrent
+    The requests to one topic are appended together, as one batch, when that succeeds; when it
+    does not, each is retried in its own savepoint, so each is all or nothing on its own. Each
+    outcome is the request's results or its BrokerError; None means it met a concurrent
     producer's client id (PostgreSQL) and must be retried on its own with log.append_messages.
     """
     outcomes: list[Outcome] = [None] * len(requests)
-    checked = []
+    by_topic: dict[int, tuple[models.Topic, list[tuple[int, list[Any]]]]] = {}
+    known = {t.name: t for t in models.Topic.objects.filter(name__in={r[1] for r in requests})}
     for i, (principal, topic_name, messages) in enumerate(requests):
         try:
-            checked.append((i, *log.checked_batch(principal, topic_name, messages)))
+            topic, plan = log.checked_batch(principal, topic_name, messages, known)
         except errors.BrokerError as exc:
             outcomes[i] = exc
-    if checked:
+            continue
+        by_topic.setdefault(topic.id, (topic, []))[1].append((i, plan))
+    if by_topic:
         with transaction.atomic(durable=True):
-            for i, topic, plan in checked:
-                try:
-                    with transaction.atomic():
-                        outcomes[i] = log.append_planned_in_transaction(topic, plan)
-                except errors.BrokerError as exc:
-                    outcomes[i] = exc
-                except IntegrityError:
-                    outcomes[i] = None
+            for topic, planned in by_topic.values():
+                _append_together(topic, planned, outcomes)
     return outcomes
+
+
+def _append_together(
+    topic: models.Topic, planned: list[tuple[int, list[Any]]], outcomes: list[Outcome]
+) -> None:
+    """One topic's requests as one batch, else one savepoint each. Caller holds the transaction."""
+    if len(planned) > 1:
+        try:
+            with transaction.atomic():
+                results = log.append_planned_in_transaction(
+                    topic, [p for _, plan in planned for p in plan]
+                )
+        except (errors.BrokerError, IntegrityError):
+            pass  # one of them is at fault: find out which, one by one
+        else:
+            start = 0
+            for i, plan in planned:
+                outcomes[i] = results[start : start + len(plan)]
+                start += len(plan)
+            return
+    for i, plan in planned:
+        try:
+            with transaction.atomic():
+                outcomes[i] = log.append_planned_in_transaction(topic, plan)
+        except errors.BrokerError as exc:
+            outcomes[i] = exc
+        except IntegrityError:
+            outcomes[i] = None
 
 
 @dataclass

@@ -144,9 +144,15 @@ def append_messages(
 
 
 def checked_batch(
-    principal: Principal, topic_name: str, messages: list[NewMessage]
+    principal: Principal,
+    topic_name: str,
+    messages: list[NewMessage],
+    known: dict[str, models.Topic] | None = None,
 ) -> tuple[models.Topic, list[_Planned]]:
-    """Everything append_messages checks before its transaction; the topic and the plan."""
+    """Everything append_messages checks before its transaction; the topic and the plan.
+
+    known: topics already read by name (group commit reads them all in one query).
+    """
     topics.validate_name(topic_name)
     keys.require(principal, topic_name, "produce")
     if not messages:
@@ -156,7 +162,10 @@ def checked_batch(
         raise errors.BatchTooLarge(
             f"A batch holds at most {limit} messages.", messages=len(messages), limit=limit
         )
-    topic = models.Topic.objects.filter(name=topic_name).first()
+    if known is not None:
+        topic = known.get(topic_name)
+    else:
+        topic = models.Topic.objects.filter(name=topic_name).first()
     if topic is None:
         raise errors.TopicNotFound(name=topic_name)
     return topic, _plan(topic, messages)
