@@ -560,6 +560,8 @@ def join_group(request: AuthedRequest, group: str, body: schemas.JoinIn) -> Stat
         body.topic,
         body.member_id,
         filter=body.filter_spec(),
+        start=body.start,
+        start_timestamp_ms=body.start_timestamp_ms,
     )
     return Status(201, member_out(info))
 

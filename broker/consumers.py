@@ -62,6 +62,12 @@ class InvalidFrame(errors.InvalidRequest):
     code = "invalid_frame"
 
 
+class Unavailable(errors.BrokerError):
+    """The broker could not do that just now; try again."""
+
+    code = "unavailable"
+
+
 class SubscriptionNotFound(errors.BrokerError):
     """No subscription of this connection has that id."""
 
@@ -252,6 +258,10 @@ class BrokerConsumer(AsyncWebsocketConsumer):
             await HANDLERS[frame.type](self, frame)
         except errors.BrokerError as exc:
             await self._send_raw(_error(exc, ref, sub if isinstance(sub, str) else None))
+        except Exception:
+            # The database went away or a bug: say so and keep the connection usable.
+            logger.exception("frame %r failed", raw.get("type") if isinstance(raw, dict) else None)
+            await self._send_raw(_error(Unavailable(), ref, sub if isinstance(sub, str) else None))
 
     async def _spawn_publish(self, frame: frames.PublishFrame) -> None:
         while len(self.publishing) >= MAX_PUBLISHES_IN_FLIGHT:
@@ -265,6 +275,9 @@ class BrokerConsumer(AsyncWebsocketConsumer):
             await self.on_publish(frame)
         except errors.BrokerError as exc:
             await self._send_raw(_error(exc, frame.ref))
+        except Exception:
+            logger.exception("publish failed")
+            await self._send_raw(_error(Unavailable(), frame.ref))
 
     @staticmethod
     def _parse(raw: Any) -> Any:

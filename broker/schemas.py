@@ -274,6 +274,12 @@ class JoinIn(In):
     filter: FilterIn | None = Field(
         None, description="Deliver only matching messages to this member; a rejoin replaces it."
     )
+    start: Literal["earliest", "latest", "timestamp"] = Field(
+        "earliest",
+        description="Where the group (broadcast: this member) starts on partitions where it "
+        "has no position yet; an existing position is kept.",
+    )
+    start_timestamp_ms: int | None = Field(None, description="With start: timestamp.")
 
     def filter_spec(self) -> dict[str, Any] | None:
         return self.filter.to_spec() if self.filter is not None else None

@@ -167,7 +167,7 @@ def locked_offsets(keys_: Iterable[OffsetKey]) -> dict[OffsetKey, models.GroupOf
         match |= Q(group_id=group_id, partition_id=partition_id, subscriber=subscriber)
     # Group offset locks: serialize everything that reads or changes these partitions' InFlight.
     rows = (
-        models.GroupOffset.objects.select_for_update()
+        models.GroupOffset.objects.select_for_update(no_key=True)
         .filter(match)
         .select_related("partition")
         .order_by("id")

@@ -94,7 +94,7 @@ def poll_messages(
         group = _ensure_offsets(group_name, topic)
         # Group offset locks (id order): serialize pollers and committers of this group.
         rows = list(
-            models.GroupOffset.objects.select_for_update()
+            models.GroupOffset.objects.select_for_update(no_key=True)
             .filter(group=group, partition__topic=topic, subscriber="")
             .select_related("partition")
             .order_by("id")
@@ -190,7 +190,7 @@ def commit_offsets(
         # Group offset locks (id order): serialize with pollers and deliveries of this group.
         rows = {
             row.partition.number: row
-            for row in models.GroupOffset.objects.select_for_update()
+            for row in models.GroupOffset.objects.select_for_update(no_key=True)
             .filter(group=group, partition__topic=topic, subscriber="")
             .select_related("partition")
             .order_by("id")
@@ -259,7 +259,7 @@ def reset_offsets(
         _ensure_offsets(group_name, topic)
         # Group offset locks (id order), after the group lock; every subscriber's rows.
         rows = list(
-            models.GroupOffset.objects.select_for_update()
+            models.GroupOffset.objects.select_for_update(no_key=True)
             .filter(group=group, partition__topic=topic)
             .select_related("partition")
             .order_by("id")

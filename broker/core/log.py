@@ -268,7 +268,7 @@ def _store(
     """Assign offsets and insert; returns index -> (partition, offset). Caller holds the lock."""
     numbers = sorted({plan[i].partition for i in to_store})
     # Partition row locks, in number order: serialize offset assignment per partition.
-    locked = models.Partition.objects.select_for_update().filter(
+    locked = models.Partition.objects.select_for_update(no_key=True).filter(
         topic_id=topic.id, number__in=numbers
     )
     partitions = {p.number: p for p in locked.order_by("number")}

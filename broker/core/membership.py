@@ -30,7 +30,10 @@ def locked_group(group_name: str) -> models.ConsumerGroup:
     """The group row, created if new and locked. Caller holds the write transaction."""
     models.ConsumerGroup.objects.get_or_create(name=group_name)
     # Group lock: serializes joins, leaves, expiry, rebalances and member polls of one group.
-    return models.ConsumerGroup.objects.select_for_update().get(name=group_name)
+    # FOR NO KEY UPDATE (here and for every group and partition lock): rows inserted under
+    # other locks that reference the group (in-flight runs, dead letters) take KEY SHARE on it
+    # when PostgreSQL checks their foreign keys at commit, which FOR UPDATE would block.
+    return models.ConsumerGroup.objects.select_for_update(no_key=True).get(name=group_name)
 
 
 def rebalance(group: models.ConsumerGroup, topic_id: int) -> None:
@@ -189,7 +192,9 @@ def rebalance_topic(topic: models.Topic) -> None:
         models.GroupMember.objects.filter(topic=topic).values_list("group_id", flat=True)
     )
     for group in (
-        models.ConsumerGroup.objects.select_for_update().filter(id__in=group_ids).order_by("id")
+        models.ConsumerGroup.objects.select_for_update(no_key=True)
+        .filter(id__in=group_ids)
+        .order_by("id")
     ):
         rebalance(group, topic.id)
 
@@ -252,6 +257,8 @@ def join_group(
                 filter=filter,
             )
         else:
+            # A rejoin is a consumer that restarted: what it had in flight comes back at once.
+            _release_in_flight(group, [member_id], member.topic_id)
             if member.topic_id != topic.id:
                 moved_from = member.topic_id
             member.topic_id = topic.id
@@ -303,7 +310,7 @@ def _member(
 ) -> tuple[models.ConsumerGroup, models.GroupMember]:
     """The group (locked if lock) and the member; MemberNotFound when gone (expired or left)."""
     groups_qs = models.ConsumerGroup.objects.filter(name=group_name)
-    group = (groups_qs.select_for_update() if lock else groups_qs).first()
+    group = (groups_qs.select_for_update(no_key=True) if lock else groups_qs).first()
     member = (
         models.GroupMember.objects.select_related("topic")
         .filter(group=group, member_id=member_id)
@@ -346,7 +353,11 @@ def expire_members() -> int:
     removed = 0
     for group_id in group_ids:
         with transaction.atomic(durable=True):
-            group = models.ConsumerGroup.objects.select_for_update().filter(id=group_id).first()
+            group = (
+                models.ConsumerGroup.objects.select_for_update(no_key=True)
+                .filter(id=group_id)
+                .first()
+            )
             if group is None:
                 continue
             # Checked again under the lock: a heartbeat may have arrived meanwhile.

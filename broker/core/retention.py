@@ -31,7 +31,7 @@ def apply_retention(batch_size: int = 10_000) -> int:
 def _retain_partition(topic: models.Topic, partition_id: int, now: int, batch_size: int) -> int:
     with transaction.atomic(durable=True):
         # Partition lock: retention moves start_offset, which appends and drop_oldest also move.
-        p = models.Partition.objects.select_for_update().filter(id=partition_id).first()
+        p = models.Partition.objects.select_for_update(no_key=True).filter(id=partition_id).first()
         if p is None or p.start_offset == p.next_offset:
             return 0
         new_start = p.start_offset

@@ -269,3 +269,24 @@ def test_configure_group__patch(api_client, client_factory, topic_factory):
         "/api/v1/groups/g", {"strategy": "sticky"}, content_type="application/json"
     )
     assert denied.json()["error"]["code"] == "permission_denied"
+
+
+def test_join_group__start_latest(api_client, topic_factory):
+    topic = topic_factory().name
+    api_client.post(
+        f"/api/v1/topics/{topic}/messages",
+        {"messages": [{"value": 1}]},
+        content_type="application/json",
+    )
+    joined = api_client.post(
+        "/api/v1/groups/late/members",
+        {"topic": topic, "member_id": "m", "start": "latest"},
+        content_type="application/json",
+    )
+    assert joined.status_code == 201
+    polled = api_client.post(
+        "/api/v1/groups/late/poll",
+        {"topic": topic, "member_id": "m"},
+        content_type="application/json",
+    ).json()
+    assert polled["messages"] == []

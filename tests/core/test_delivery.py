@@ -323,3 +323,13 @@ def test_redeliver_expired__splits_runs(topic_factory, console):
     assert delivery.redeliver_expired() == 3
     again = deliver(console, topic)
     assert [(d.message.offset, d.attempt) for d in again] == [(0, 2), (1, 2), (2, 2)]
+
+
+def test_join_group__rejoin_releases_in_flight(topic_factory, console):
+    topic = topic_factory().name
+    produce(console, topic, 2)
+    joined(console, topic)
+    deliver(console, topic)
+    joined(console, topic)  # the consumer restarted under the same id
+    again = deliver(console, topic)
+    assert [(d.message.offset, d.attempt) for d in again] == [(0, 2), (1, 2)]
