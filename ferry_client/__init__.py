@@ -1,0 +1,28 @@
+"""Ferry's Python client: produce, consume and administer over REST and WebSocket.
+
+Importable without Django: it needs only httpx and websockets. See docs/client.md.
+"""
+
+from ferry_client.admin import UNSET, Admin, DeadLetterPage
+from ferry_client.consumer import AsyncConsumer, Consumer
+from ferry_client.errors import BrokerUnavailable, FerryError, Reject
+from ferry_client.producer import Producer
+from ferry_client.producer_async import AsyncProducer
+from ferry_client.records import Delivery, Message, SendHooks, SendResult
+
+__all__ = [
+    "UNSET",
+    "Admin",
+    "AsyncConsumer",
+    "AsyncProducer",
+    "BrokerUnavailable",
+    "Consumer",
+    "DeadLetterPage",
+    "Delivery",
+    "FerryError",
+    "Message",
+    "Producer",
+    "Reject",
+    "SendHooks",
+    "SendResult",
+]

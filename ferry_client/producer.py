@@ -1,0 +1,280 @@
+"""The producer: send and wait until durable, or send in the background with linger.
+
+See docs/client.md#producing. `Producer` is for threads (a linger thread sends the background
+batches); producer_async.py has the asyncio twin, which shares `Sender`. Every message gets a
+client id before its first attempt, so a retry after a timeout or a lost connection stores it
+once.
+"""
+
+import concurrent.futures
+import logging
+import threading
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from types import TracebackType
+from typing import Any
+
+import httpx
+
+from ferry_client import batching, transport
+from ferry_client.records import Message, SendHooks, SendResult, Value
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_LINGER_MS = 5
+DEFAULT_BATCH_SIZE = 500
+DEFAULT_RETRIES = 5
+
+
+def as_message(item: Message | Value) -> Message:
+    """A Message as given, or a plain value wrapped in one; either way with a client id."""
+    message = item if isinstance(item, Message) else Message(item)
+    return message.with_id()
+
+
+def new_message(
+    value: Value,
+    key: str | None,
+    tag: str | None,
+    headers: Mapping[str, str] | None,
+    partition: int | None,
+    id: str | None,
+    delay_ms: int | None,
+    deliver_at_ms: int | None,
+    level: int | None,
+) -> Message:
+    return Message(
+        value, key, tag, dict(headers or {}), partition, id, delay_ms, deliver_at_ms, level
+    ).with_id()
+
+
+class Sender:
+    """What both producers share: the request body, its results, and the hooks around it."""
+
+    def __init__(self, hooks: Sequence[SendHooks]) -> None:
+        self.hooks = tuple(hooks)
+
+    @staticmethod
+    def path(topic: str) -> str:
+        return f"/topics/{topic}/messages"
+
+    @staticmethod
+    def body(messages: Sequence[Message]) -> dict[str, Any]:
+        return {"messages": [m.to_wire() for m in messages]}
+
+    @staticmethod
+    def results(topic: str, messages: Sequence[Message], body: Any) -> list[SendResult]:
+        return [
+            SendResult.from_wire(topic, m, r)
+            for m, r in zip(messages, body["results"], strict=True)
+        ]
+
+    def before(self, topic: str, messages: Sequence[Message]) -> None:
+        for hook in self.hooks:
+            if hook.before_send is not None:
+                try:
+                    hook.before_send(topic, messages)
+                except Exception:
+                    logger.exception("before_send hook failed")
+
+    def after(
+        self, topic: str, messages: Sequence[Message], outcome: Sequence[SendResult] | BaseException
+    ) -> None:
+        for hook in self.hooks:
+            if hook.after_send is not None:
+                try:
+                    hook.after_send(topic, messages, outcome)
+                except Exception:
+                    logger.exception("after_send hook failed")
+
+
+def retry_policy(retries: int, backoff_ms: int, max_backoff_ms: int) -> transport.RetryPolicy:
+    return transport.RetryPolicy(retries, backoff_ms / 1000, max_backoff_ms / 1000)
+
+
+class Producer:
+    """Sends messages to Ferry over REST, from any number of threads.
+
+    `send` and `send_batch` return once the broker has committed the messages. `send_async`
+    returns a future at once; a linger thread sends such messages in batches of up to
+    `batch_size` per topic, waiting at most `linger_ms` for a batch to fill. `close()` (or the
+    `with` block's end) sends what still waits.
+
+    `urls` is one broker URL or several (a list, or comma-separated): a request that fails on
+    one is retried on the next. Connection errors, timeouts and 5xx answers are retried up to
+    `retries` times with backoff; a 4xx raises FerryError at once.
+    """
+
+    def __init__(
+        self,
+        urls: str | Sequence[str],
+        api_key: str,
+        *,
+        timeout: float = transport.DEFAULT_TIMEOUT_S,
+        retries: int = DEFAULT_RETRIES,
+        backoff_ms: int = 100,
+        max_backoff_ms: int = 5000,
+        linger_ms: int = DEFAULT_LINGER_MS,
+        batch_size: int = DEFAULT_BATCH_SIZE,
+        hooks: Sequence[SendHooks] = (),
+        http_transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self._transport = transport.Transport(
+            urls,
+            api_key,
+            timeout=timeout,
+            policy=retry_policy(retries, backoff_ms, max_backoff_ms),
+            http_transport=http_transport,
+        )
+        self._sender = Sender(hooks)
+        self._batcher: batching.Batcher[tuple[Message, concurrent.futures.Future[SendResult]]]
+        self._batcher = batching.Batcher(linger_ms / 1000, batch_size)
+        self._cond = threading.Condition()
+        self._sending = 0
+        self._flushing = 0
+        self._closed = False
+        self._thread: threading.Thread | None = None
+
+    def send(
+        self,
+        topic: str,
+        value: Value,
+        *,
+        key: str | None = None,
+        tag: str | None = None,
+        headers: Mapping[str, str] | None = None,
+        partition: int | None = None,
+        id: str | None = None,
+        delay_ms: int | None = None,
+        deliver_at_ms: int | None = None,
+        level: int | None = None,
+    ) -> SendResult:
+        """Send one message; returns when it is durable (or, delayed, scheduled)."""
+        message = new_message(
+            value, key, tag, headers, partition, id, delay_ms, deliver_at_ms, level
+        )
+        return self._send(topic, [message])[0]
+
+    def send_batch(self, topic: str, messages: Iterable[Message | Value]) -> list[SendResult]:
+        """Send messages in one request, one transaction: all are stored, or none is."""
+        prepared = [as_message(m) for m in messages]
+        return self._send(topic, prepared) if prepared else []
+
+    def send_async(
+        self,
+        topic: str,
+        value: Value,
+        *,
+        key: str | None = None,
+        tag: str | None = None,
+        headers: Mapping[str, str] | None = None,
+        partition: int | None = None,
+        id: str | None = None,
+        delay_ms: int | None = None,
+        deliver_at_ms: int | None = None,
+        level: int | None = None,
+    ) -> "concurrent.futures.Future[SendResult]":
+        """Queue one message for the linger thread; the future holds its result or error.
+
+        Fire and forget: ignore the future, and watch failures with an after_send hook.
+        """
+        message = new_message(
+            value, key, tag, headers, partition, id, delay_ms, deliver_at_ms, level
+        )
+        future: concurrent.futures.Future[SendResult] = concurrent.futures.Future()
+        with self._cond:
+            if self._closed:
+                raise RuntimeError("The producer is closed.")
+            self._batcher.add(topic, (message, future), time.monotonic())
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._linger, name="ferry-producer", daemon=True
+                )
+                self._thread.start()
+            self._cond.notify_all()
+        return future
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Send everything queued by send_async now; False if `timeout` s passed first."""
+        with self._cond:
+            self._flushing += 1
+            self._cond.notify_all()
+            try:
+                return self._cond.wait_for(
+                    lambda: not len(self._batcher) and not self._sending, timeout
+                )
+            finally:
+                self._flushing -= 1
+
+    def close(self) -> None:
+        """Send what is queued, stop the linger thread, close the connections."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+            thread = self._thread
+        if thread is not None:
+            thread.join()
+        self._transport.close()
+
+    def __enter__(self) -> "Producer":
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def _send(self, topic: str, messages: list[Message]) -> list[SendResult]:
+        self._sender.before(topic, messages)
+        try:
+            body = self._transport.request(
+                "POST", self._sender.path(topic), json=self._sender.body(messages)
+            )
+            results = self._sender.results(topic, messages, body)
+        except Exception as exc:
+            self._sender.after(topic, messages, exc)
+            raise
+        self._sender.after(topic, messages, results)
+        return results
+
+    def _linger(self) -> None:
+        """The linger thread: sends due batches one at a time, so a topic's order holds."""
+        while True:
+            with self._cond:
+                while True:
+                    now = time.monotonic()
+                    batches = self._batcher.take(
+                        now, everything=bool(self._flushing) or self._closed
+                    )
+                    if batches:
+                        self._sending += 1
+                        break
+                    if self._closed:
+                        return
+                    self._cond.wait(self._batcher.next_due(now))
+            try:
+                for topic, items in batches:
+                    # A future cancelled while it waited is not sent.
+                    live = [(m, f) for m, f in items if f.set_running_or_notify_cancel()]
+                    if live:
+                        self._send_background(topic, live)
+            finally:
+                with self._cond:
+                    self._sending -= 1
+                    self._cond.notify_all()
+
+    def _send_background(
+        self, topic: str, items: list[tuple[Message, "concurrent.futures.Future[SendResult]"]]
+    ) -> None:
+        try:
+            results = self._send(topic, [m for m, _ in items])
+        except Exception as exc:
+            logger.warning("sending %d messages to %s failed: %s", len(items), topic, exc)
+            for _, future in items:
+                future.set_exception(exc)
+        else:
+            for (_, future), result in zip(items, results, strict=True):
+                future.set_result(result)

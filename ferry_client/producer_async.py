@@ -1,0 +1,201 @@
+"""The asyncio producer: `await send(...)`, or `send_async(...)` and a linger task.
+
+See docs/client.md#producing; the rules (ids, retries, hooks, batching) are producer.py's.
+"""
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from types import TracebackType
+
+import httpx
+
+from ferry_client import batching, producer, transport
+from ferry_client.records import Message, SendHooks, SendResult, Value
+
+logger = logging.getLogger(__name__)
+
+
+class AsyncProducer:
+    """The asyncio producer: `await send(...)`, or `send_async(...)` and a linger task.
+
+    Same options and guarantees as Producer; use it from one event loop, and `await close()`
+    (or `async with`) to send what is queued.
+    """
+
+    def __init__(
+        self,
+        urls: str | Sequence[str],
+        api_key: str,
+        *,
+        timeout: float = transport.DEFAULT_TIMEOUT_S,
+        retries: int = producer.DEFAULT_RETRIES,
+        backoff_ms: int = 100,
+        max_backoff_ms: int = 5000,
+        linger_ms: int = producer.DEFAULT_LINGER_MS,
+        batch_size: int = producer.DEFAULT_BATCH_SIZE,
+        hooks: Sequence[SendHooks] = (),
+        http_transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self._transport = transport.AsyncTransport(
+            urls,
+            api_key,
+            timeout=timeout,
+            policy=producer.retry_policy(retries, backoff_ms, max_backoff_ms),
+            http_transport=http_transport,
+        )
+        self._sender = producer.Sender(hooks)
+        self._batcher: batching.Batcher[tuple[Message, asyncio.Future[SendResult]]]
+        self._batcher = batching.Batcher(linger_ms / 1000, batch_size)
+        # Made on first use, inside the loop that uses them.
+        self._wake: asyncio.Event | None = None
+        self._progress: asyncio.Condition | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._sending = False
+        self._flushing = 0
+        self._closed = False
+
+    async def send(
+        self,
+        topic: str,
+        value: Value,
+        *,
+        key: str | None = None,
+        tag: str | None = None,
+        headers: Mapping[str, str] | None = None,
+        partition: int | None = None,
+        id: str | None = None,
+        delay_ms: int | None = None,
+        deliver_at_ms: int | None = None,
+        level: int | None = None,
+    ) -> SendResult:
+        """Send one message; returns when it is durable (or, delayed, scheduled)."""
+        message = producer.new_message(
+            value, key, tag, headers, partition, id, delay_ms, deliver_at_ms, level
+        )
+        return (await self._send(topic, [message]))[0]
+
+    async def send_batch(self, topic: str, messages: Iterable[Message | Value]) -> list[SendResult]:
+        """Send messages in one request, one transaction: all are stored, or none is."""
+        prepared = [producer.as_message(m) for m in messages]
+        return await self._send(topic, prepared) if prepared else []
+
+    def send_async(
+        self,
+        topic: str,
+        value: Value,
+        *,
+        key: str | None = None,
+        tag: str | None = None,
+        headers: Mapping[str, str] | None = None,
+        partition: int | None = None,
+        id: str | None = None,
+        delay_ms: int | None = None,
+        deliver_at_ms: int | None = None,
+        level: int | None = None,
+    ) -> "asyncio.Future[SendResult]":
+        """Queue one message for the linger task (call it in the loop); await the future or not."""
+        if self._closed:
+            raise RuntimeError("The producer is closed.")
+        message = producer.new_message(
+            value, key, tag, headers, partition, id, delay_ms, deliver_at_ms, level
+        )
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[SendResult] = loop.create_future()
+        self._batcher.add(topic, (message, future), loop.time())
+        wake, _ = self._events()
+        if self._task is None:
+            self._task = asyncio.create_task(self._linger(), name="ferry-producer")
+        wake.set()
+        return future
+
+    async def flush(self) -> None:
+        """Send everything queued by send_async now."""
+        wake, progress = self._events()
+        self._flushing += 1
+        wake.set()
+        try:
+            async with progress:
+                await progress.wait_for(lambda: not len(self._batcher) and not self._sending)
+        finally:
+            self._flushing -= 1
+
+    async def close(self) -> None:
+        """Send what is queued, stop the linger task, close the connections."""
+        self._closed = True
+        if self._task is not None:
+            self._events()[0].set()
+            await self._task
+        await self._transport.aclose()
+
+    async def __aenter__(self) -> "AsyncProducer":
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    def _events(self) -> tuple[asyncio.Event, asyncio.Condition]:
+        if self._wake is None or self._progress is None:
+            self._wake, self._progress = asyncio.Event(), asyncio.Condition()
+        return self._wake, self._progress
+
+    async def _send(self, topic: str, messages: list[Message]) -> list[SendResult]:
+        self._sender.before(topic, messages)
+        try:
+            body = await self._transport.request(
+                "POST", self._sender.path(topic), json=self._sender.body(messages)
+            )
+            results = self._sender.results(topic, messages, body)
+        except Exception as exc:
+            self._sender.after(topic, messages, exc)
+            raise
+        self._sender.after(topic, messages, results)
+        return results
+
+    async def _linger(self) -> None:
+        """The linger task: sends due batches one at a time, so a topic's order holds."""
+        loop = asyncio.get_running_loop()
+        wake, progress = self._events()
+        while True:
+            now = loop.time()
+            batches = self._batcher.take(now, everything=bool(self._flushing) or self._closed)
+            if batches:
+                self._sending = True
+                try:
+                    for topic, items in batches:
+                        # A future cancelled while it waited is not sent.
+                        live = [(m, f) for m, f in items if not f.cancelled()]
+                        if live:
+                            await self._send_background(topic, live)
+                finally:
+                    self._sending = False
+                    async with progress:
+                        progress.notify_all()
+                continue
+            if self._closed:
+                return
+            # No await between take() and clear(): a message added since is in this take.
+            wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(wake.wait(), self._batcher.next_due(now))
+
+    async def _send_background(
+        self, topic: str, items: list[tuple[Message, "asyncio.Future[SendResult]"]]
+    ) -> None:
+        try:
+            results = await self._send(topic, [m for m, _ in items])
+        except Exception as exc:
+            logger.warning("sending %d messages to %s failed: %s", len(items), topic, exc)
+            for _, future in items:
+                if not future.done():
+                    future.set_exception(exc)
+        else:
+            for (_, future), result in zip(items, results, strict=True):
+                if not future.done():
+                    future.set_result(result)

@@ -1,0 +1,274 @@
+"""REST to the broker: several URLs with failover, retries with backoff, typed errors.
+
+See docs/client.md#retries-and-failover. The retry decisions live in `Attempts`, shared by
+the sync `Transport` (httpx.Client) and the asyncio `AsyncTransport` (httpx.AsyncClient).
+"""
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from ferry_client import errors
+
+logger = logging.getLogger(__name__)
+
+API_PREFIX = "/api/v1"
+DEFAULT_TIMEOUT_S = 10.0
+
+# Failures that happen before the request reaches a broker: retrying them never repeats a write.
+NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
+
+Params = Mapping[str, str | int | None]
+
+
+def normalize_url(url: str) -> str:
+    """A broker base URL as given ("http://host:8000", with or without /api/v1 and a slash)."""
+    url = url.strip().rstrip("/")
+    if url.endswith(API_PREFIX):
+        url = url[: -len(API_PREFIX)]
+    if not url.startswith(("http://", "https://")):
+        raise ValueError(f"A broker URL starts with http:// or https://, not {url!r}.")
+    return url
+
+
+def ws_url(base_url: str) -> str:
+    """The WebSocket endpoint of a broker base URL: http → ws, https → wss."""
+    return "ws" + base_url[len("http") :] + "/ws/v1/"
+
+
+class Endpoints:
+    """The broker base URLs, tried in turn from the one that last answered (failover)."""
+
+    def __init__(self, urls: str | Sequence[str]) -> None:
+        given = urls.split(",") if isinstance(urls, str) else list(urls)
+        self.urls = tuple(normalize_url(u) for u in given if u.strip())
+        if not self.urls:
+            raise ValueError("Give at least one broker URL.")
+        self._preferred = 0
+
+    def order(self) -> tuple[str, ...]:
+        """Every URL once, starting with the preferred one."""
+        i = self._preferred
+        return self.urls[i:] + self.urls[:i]
+
+    def succeeded(self, url: str) -> None:
+        """The next requests start with this URL."""
+        self._preferred = self.urls.index(url)
+
+
+def full_jitter() -> float:
+    """Spread the retries of many clients so they do not hit a recovering broker at once."""
+    return random.uniform(0.5, 1.0)  # noqa: S311 -- timing jitter, not a secret.
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How often and how patiently to retry a failed request."""
+
+    retries: int = 3
+    backoff_s: float = 0.1
+    max_backoff_s: float = 2.0
+    jitter: Callable[[], float] = full_jitter
+
+    def delay(self, attempt: int, url_count: int) -> float:
+        """Seconds to wait before retry `attempt` (1-based) over `url_count` URLs.
+
+        A URL not yet tried in this round is tried at once (failover); a new round over the
+        URLs waits base · 2^(round - 1), capped, with jitter.
+        """
+        if attempt % url_count:
+            return 0.0
+        rounds = attempt // url_count
+        return min(self.max_backoff_s, self.backoff_s * 2.0 ** (rounds - 1)) * self.jitter()
+
+
+def body_of(response: httpx.Response) -> Any:
+    """The JSON body of a response; None for 204 No Content."""
+    if response.status_code == 204 or not response.content:
+        return None
+    try:
+        return response.json()
+    except ValueError:
+        return {"raw": response.text[:200]}
+
+
+class Attempts:
+    """One request's attempts: which URL next, how long to wait, and when to give up.
+
+    Retried: connection errors (always: nothing reached a broker), and for idempotent
+    requests also timeouts, dropped connections and 5xx answers. A 4xx is never retried: it
+    raises the broker's FerryError at once.
+    """
+
+    def __init__(
+        self, policy: RetryPolicy, endpoints: Endpoints, what: str, *, idempotent: bool
+    ) -> None:
+        self.policy = policy
+        self.endpoints = endpoints
+        self.what = what
+        self.idempotent = idempotent
+        self.last: BaseException | None = None
+
+    def __iter__(self) -> Iterator[tuple[str, float]]:
+        """(base URL, seconds to wait first) for each attempt."""
+        order = self.endpoints.order()
+        for attempt in range(self.policy.retries + 1):
+            delay = self.policy.delay(attempt, len(order)) if attempt else 0.0
+            yield order[attempt % len(order)], delay
+
+    def failed(self, url: str, exc: httpx.TransportError) -> None:
+        """A request that got no answer: retry it if that is safe, else raise."""
+        self.last = exc
+        logger.warning("%s on %s failed: %r", self.what, url, exc)
+        if not (self.idempotent or isinstance(exc, NOT_SENT)):
+            raise errors.BrokerUnavailable(
+                "unavailable", f"{self.what} on {url} got no answer: {exc!r}"
+            ) from exc
+
+    def answered(self, url: str, response: httpx.Response) -> tuple[bool, Any]:
+        """(True, body) when done; (False, None) to retry a 5xx; raises the error of a 4xx."""
+        body = body_of(response)
+        if response.status_code < 400:
+            self.endpoints.succeeded(url)
+            return True, body
+        error = errors.FerryError.from_body(body, response.status_code)
+        if response.status_code < 500 or not self.idempotent:
+            raise error
+        logger.warning("%s on %s answered %s", self.what, url, error)
+        self.last = error
+        return False, None
+
+    def give_up(self) -> errors.BrokerUnavailable:
+        last = self.last
+        if isinstance(last, errors.FerryError):
+            failure = errors.BrokerUnavailable(last.code, last.message, last.detail, last.status)
+        else:
+            failure = errors.BrokerUnavailable(
+                "unavailable",
+                f"{self.what}: no broker answered after {self.policy.retries + 1} attempts "
+                f"({', '.join(self.endpoints.urls)}); last: {last!r}",
+            )
+        failure.__cause__ = last
+        return failure
+
+
+def client_headers(api_key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {api_key}", "User-Agent": "ferry-client/0.1"}
+
+
+class Transport:
+    """Blocking REST calls with failover and retries (httpx.Client; safe across threads)."""
+
+    def __init__(
+        self,
+        urls: str | Sequence[str],
+        api_key: str,
+        *,
+        timeout: float = DEFAULT_TIMEOUT_S,
+        policy: RetryPolicy = RetryPolicy(),
+        http_transport: httpx.BaseTransport | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.endpoints = Endpoints(urls)
+        self.policy = policy
+        self.timeout = timeout
+        self._sleep = sleep
+        self._client = httpx.Client(
+            headers=client_headers(api_key), timeout=timeout, transport=http_transport
+        )
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        params: Params | None = None,
+        idempotent: bool = True,
+        timeout: float | None = None,
+    ) -> Any:
+        """The answer's JSON body (None for 204), or a FerryError / BrokerUnavailable."""
+        attempts = Attempts(self.policy, self.endpoints, f"{method} {path}", idempotent=idempotent)
+        query = {k: v for k, v in (params or {}).items() if v is not None}
+        for url, delay in attempts:
+            if delay:
+                self._sleep(delay)
+            try:
+                response = self._client.request(
+                    method,
+                    url + API_PREFIX + path,
+                    json=json,
+                    params=query,
+                    timeout=timeout or self.timeout,
+                )
+            except httpx.TransportError as exc:
+                attempts.failed(url, exc)
+                continue
+            done, body = attempts.answered(url, response)
+            if done:
+                return body
+        raise attempts.give_up()
+
+    def close(self) -> None:
+        self._client.close()
+
+
+class AsyncTransport:
+    """The same calls for asyncio (httpx.AsyncClient); use it from one event loop."""
+
+    def __init__(
+        self,
+        urls: str | Sequence[str],
+        api_key: str,
+        *,
+        timeout: float = DEFAULT_TIMEOUT_S,
+        policy: RetryPolicy = RetryPolicy(),
+        http_transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.endpoints = Endpoints(urls)
+        self.policy = policy
+        self.timeout = timeout
+        self._client = httpx.AsyncClient(
+            headers=client_headers(api_key), timeout=timeout, transport=http_transport
+        )
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        params: Params | None = None,
+        idempotent: bool = True,
+        timeout: float | None = None,
+    ) -> Any:
+        """The answer's JSON body (None for 204), or a FerryError / BrokerUnavailable."""
+        attempts = Attempts(self.policy, self.endpoints, f"{method} {path}", idempotent=idempotent)
+        query = {k: v for k, v in (params or {}).items() if v is not None}
+        for url, delay in attempts:
+            if delay:
+                await asyncio.sleep(delay)
+            try:
+                response = await self._client.request(
+                    method,
+                    url + API_PREFIX + path,
+                    json=json,
+                    params=query,
+                    timeout=timeout or self.timeout,
+                )
+            except httpx.TransportError as exc:
+                attempts.failed(url, exc)
+                continue
+            done, body = attempts.answered(url, response)
+            if done:
+                return body
+        raise attempts.give_up()
+
+    async def aclose(self) -> None:
+        await self._client.aclose()

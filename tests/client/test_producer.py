@@ -1,0 +1,168 @@
+"""Producers against a fake broker (httpx.MockTransport): ids, retries, hooks, linger."""
+
+import asyncio
+import json
+import threading
+
+import httpx
+import pytest
+
+from ferry_client import AsyncProducer, FerryError, Message, Producer, SendHooks
+
+URL = "http://broker:8000"
+
+
+class FakeBroker:
+    """Answers produce requests with consecutive offsets; can fail the first few attempts."""
+
+    def __init__(self, failures=()):
+        self.failures = list(failures)
+        self.bodies = []
+        self.offset = 0
+        self.lock = threading.Lock()
+
+    def __call__(self, request):
+        body = json.loads(request.content)
+        with self.lock:
+            self.bodies.append(body)
+            if self.failures:
+                failure = self.failures.pop(0)
+                if isinstance(failure, Exception):
+                    raise failure
+                return failure
+            results = []
+            for message in body["messages"]:
+                if "delay_ms" in message:
+                    results.append({"scheduled_id": 7, "deliver_at_ms": 99, "duplicate": False})
+                    continue
+                results.append({"partition": 0, "offset": self.offset, "duplicate": False})
+                self.offset += 1
+        return httpx.Response(200, json={"results": results})
+
+    def ids(self):
+        return [[m["id"] for m in body["messages"]] for body in self.bodies]
+
+
+def producer(broker, **options):
+    options.setdefault("backoff_ms", 1)
+    return Producer(URL, "key", http_transport=httpx.MockTransport(broker), **options)
+
+
+def test_send__every_message_gets_an_id_kept_across_retries():
+    broker = FakeBroker(failures=[httpx.ReadTimeout("lost"), httpx.Response(503, json={})])
+    with producer(broker) as p:
+        result = p.send("t", {"a": 1}, key="k", tag="x", headers={"h": "v"}, partition=0)
+    (first, second, third) = broker.ids()
+    assert first == second == third == [result.id]
+    assert broker.bodies[0]["messages"][0] == {
+        "value": {"a": 1},
+        "key": "k",
+        "tag": "x",
+        "headers": {"h": "v"},
+        "partition": 0,
+        "id": result.id,
+    }
+    assert (result.topic, result.partition, result.offset) == ("t", 0, 0)
+
+
+def test_send__bytes_go_as_base64_and_delays_are_scheduled():
+    broker = FakeBroker()
+    with producer(broker) as p:
+        result = p.send("t", b"\x00\xff", delay_ms=5000, id="mine")
+    assert broker.bodies[0]["messages"][0] == {"value_b64": "AP8=", "delay_ms": 5000, "id": "mine"}
+    assert result.scheduled
+    assert (result.scheduled_id, result.deliver_at_ms) == (7, 99)
+
+
+def test_send_batch__one_request_with_messages_or_values():
+    broker = FakeBroker()
+    with producer(broker) as p:
+        results = p.send_batch("t", [1, Message(2, key="k", id="two")])
+        assert p.send_batch("t", []) == []
+    assert len(broker.bodies) == 1
+    assert [r.offset for r in results] == [0, 1]
+    assert results[1].id == "two"
+
+
+def test_send__hooks_see_messages_and_outcome():
+    broker = FakeBroker(failures=[httpx.Response(409, json={"error": {"code": "topic_full"}})])
+    calls: list[tuple[object, ...]] = []
+
+    def broken(topic, messages):
+        raise RuntimeError("a buggy hook loses no message")
+
+    hooks = [
+        SendHooks(before_send=broken),
+        SendHooks(
+            before_send=lambda topic, messages: calls.append(("before", topic, len(messages))),
+            after_send=lambda topic, messages, outcome: calls.append(("after", topic, outcome)),
+        ),
+    ]
+    with producer(broker, hooks=hooks) as p:
+        with pytest.raises(FerryError) as refused:
+            p.send("t", 1)
+        result = p.send("t", 2)
+    assert refused.value.code == "topic_full"
+    assert calls == [
+        ("before", "t", 1),
+        ("after", "t", refused.value),
+        ("before", "t", 1),
+        ("after", "t", [result]),
+    ]
+
+
+def test_send_async__lingers_into_one_batch():
+    broker = FakeBroker()
+    with producer(broker, linger_ms=10_000, batch_size=3) as p:
+        futures = [p.send_async("t", i) for i in range(7)]
+        # Two full batches go at once; the seventh waits for the linger, or a flush.
+        futures[5].result(timeout=5)
+        assert not futures[6].done()
+        assert p.flush(timeout=5)
+    assert [f.result().offset for f in futures] == list(range(7))
+    assert [len(ids) for ids in broker.ids()] == [3, 3, 1]
+
+
+def test_send_async__close_sends_what_waits_and_failures_reach_the_future():
+    broker = FakeBroker(failures=[httpx.Response(404, json={"error": {"code": "topic_not_found"}})])
+    p = producer(broker, linger_ms=10_000)
+    failed = p.send_async("nope", 1)
+    p.close()
+    with pytest.raises(FerryError, match="topic_not_found"):
+        failed.result(timeout=0)
+    with pytest.raises(RuntimeError, match="closed"):
+        p.send_async("t", 2)
+
+
+def test_send_async__a_cancelled_future_is_not_sent():
+    broker = FakeBroker()
+    with producer(broker, linger_ms=10_000) as p:
+        dropped = p.send_async("t", "dropped")
+        kept = p.send_async("t", "kept")
+        assert dropped.cancel()
+    assert kept.result().offset == 0
+    assert [[m["value"] for m in body["messages"]] for body in broker.bodies] == [["kept"]]
+
+
+async def test_async_producer__send_async_lingers_and_close_flushes():
+    broker = FakeBroker(failures=[httpx.ConnectError("refused")])
+    hooks = SendHooks(after_send=lambda topic, messages, outcome: None)
+    async with AsyncProducer(
+        URL,
+        "key",
+        http_transport=httpx.MockTransport(broker),
+        linger_ms=10_000,
+        backoff_ms=1,
+        hooks=[hooks],
+    ) as p:
+        first = await p.send("t", "now")
+        queued = [p.send_async("t", i) for i in range(3)]
+        await asyncio.sleep(0.01)
+        assert not any(f.done() for f in queued)
+        await p.flush()
+        assert [f.result().offset for f in queued] == [1, 2, 3]
+        last = p.send_async("t", "at close")
+    assert first.offset == 0
+    assert (await last).offset == 4
+    # The refused connection was retried with the same id.
+    assert broker.ids()[0] == broker.ids()[1]
