@@ -18,6 +18,7 @@ from typing import Any
 from urllib.parse import parse_qs
 
 import orjson
+from channels.consumer import get_handler_name
 from channels.generic.websocket import AsyncWebsocketConsumer
 from pydantic import ValidationError
 from typing_extensions import override
@@ -171,6 +172,16 @@ class BrokerConsumer(AsyncWebsocketConsumer):
         # Twisted drops unwritten data when the reactor stops: wait for the client's close.
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.closed.wait(), CLOSE_WAIT_S)
+
+    @override
+    async def dispatch(self, message: dict[str, Any]) -> None:
+        # Channels' dispatch first closes stale database connections with a hop to the sync
+        # thread, on every frame and event; this consumer reaches the database only through
+        # broker/core/dbthreads.py, whose threads look after their own connections.
+        handler = getattr(self, get_handler_name(message), None)
+        if handler is None:
+            raise ValueError(f"No handler for message type {message['type']}")
+        await handler(message)
 
     @override
     async def connect(self) -> None:

@@ -236,9 +236,11 @@ def deliver_messages(
         broadcast = group.mode == models.ConsumerGroup.Mode.BROADCAST
         subscriber = member_id if broadcast else ""
         partition_ids = membership.held_partitions(group, member)
-        if partition_ids:
-            groups.ensure_offsets(group, partition_ids, subscriber)
         offsets = locked_offsets((group.id, pid, subscriber) for pid in partition_ids)
+        if len(offsets) < len(partition_ids):
+            # First delivery from some partition: its offsets start where the group does.
+            groups.ensure_offsets(group, partition_ids, subscriber)
+            offsets = locked_offsets((group.id, pid, subscriber) for pid in partition_ids)
         batch = _Batch(group, topic, member, subscriber, now, max_messages, auto_ack)
         batch.take_retries(offsets)
         batch.take_new(offsets)
@@ -316,11 +318,18 @@ class _Batch:
         pending = models.InFlight.objects.filter(
             group=self.group, subscriber=self.subscriber, partition_id__in=pids
         ).select_related("partition")
-        due_runs = pending.filter(
-            state=models.InFlight.State.RETRY_WAIT, deadline_ms__lte=self.now
-        ).filter(last_offset__gt=F("offset"))
-        _split(list(due_runs))
-        if self.group.ordered:
+        waiting = pending.filter(state=models.InFlight.State.RETRY_WAIT, deadline_ms__lte=self.now)
+        if not self.group.ordered:
+            due = list(waiting.order_by("deadline_ms", "id")[: self.max_messages])
+            if not due:
+                return
+            runs = [row for row in due if row.last_offset > row.offset]
+            if runs:
+                # Retries go out one message at a time: split the runs that came due.
+                _split(runs)
+                due = list(waiting.order_by("deadline_ms", "id")[: self.max_messages])
+        else:
+            _split(list(waiting.filter(last_offset__gt=F("offset"))))
             # One message of a partition in flight at most: its lowest row, if any, blocks it.
             lowest: dict[int, models.InFlight] = {}
             for row in pending.order_by("partition_id", "offset"):
@@ -331,12 +340,6 @@ class _Batch:
                 for row in lowest.values()
                 if row.state == models.InFlight.State.RETRY_WAIT and row.deadline_ms <= self.now
             ]
-        else:
-            due = list(
-                pending.filter(
-                    state=models.InFlight.State.RETRY_WAIT, deadline_ms__lte=self.now
-                ).order_by("deadline_ms", "id")[: self.max_messages]
-            )
         by_partition: dict[int, list[models.InFlight]] = {}
         for row in due:
             by_partition.setdefault(row.partition_id, []).append(row)
