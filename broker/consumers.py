@@ -189,6 +189,7 @@ class BrokerConsumer(AsyncWebsocketConsumer):
         self.subs = {}
         self.closed = asyncio.Event()
         self.publishing = set()
+        events.listen_here()
         _hook_shutdown()
         _live.add(self)
         await self.accept()

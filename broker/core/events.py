@@ -43,13 +43,35 @@ def topic_group(topic_id: int) -> str:
     return f"ferry.topic.{topic_id}"
 
 
+# The event loop of the server in this process (the last that waited on the layer): where
+# sends from other threads go, since the in-memory layer's queues belong to it.
+_server_loop: asyncio.AbstractEventLoop | None = None
+
+
+def listen_here() -> None:
+    """Note the running loop as the one that listens on the layer (long polls, WebSockets)."""
+    global _server_loop
+    _server_loop = asyncio.get_running_loop()
+
+
+def _loop_for_send() -> asyncio.AbstractEventLoop | None:
+    loop = dbthreads.home_loop()
+    if loop is not None:
+        return loop
+    # A background job's thread (the embedded runner): the server's loop, while it runs.
+    server = _server_loop
+    if server is not None and server.is_running() and not server.is_closed():
+        return server
+    return None
+
+
 def _send(group: str, event: dict[str, Any]) -> None:
     layer = cast(_ChannelLayer, get_channel_layer())
-    loop = dbthreads.home_loop()
+    loop = _loop_for_send()
     try:
         if loop is not None:
-            # On a database thread: hand the send to the server's loop, which owns the layer's
-            # queues, without waiting for it.
+            # Off the server's loop: hand the send to it, which owns the layer's queues,
+            # without waiting for it.
             asyncio.run_coroutine_threadsafe(layer.group_send(group, event), loop)
         else:
             async_to_sync(layer.group_send)(group, event)
@@ -91,6 +113,7 @@ async def long_poll(
     The listener joins the topic's group before the second attempt, so a message committed
     between the two attempts is either seen by it or wakes the wait: none is missed.
     """
+    listen_here()
     result = await attempt()
     if not is_empty(result) or max_wait_ms <= 0:
         return result
