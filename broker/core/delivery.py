@@ -242,10 +242,14 @@ def deliver_messages(
             groups.ensure_offsets(group, partition_ids, subscriber)
             offsets = locked_offsets((group.id, pid, subscriber) for pid in partition_ids)
         batch = _Batch(group, topic, member, subscriber, now, max_messages, auto_ack)
+        batch.before = {
+            r.partition_id: (r.committed_offset, r.delivered_offset, r.filtered_count)
+            for r in offsets.values()
+        }
         batch.take_retries(offsets)
         batch.take_new(offsets)
         batch.store()
-        recompute_committed(offsets)
+        batch.save_offsets(offsets)
     return DeliveryResult(
         topic_id=topic.id,
         group=group_name,
@@ -283,6 +287,11 @@ class _Batch:
         self.events: list[models.TraceEvent] = []
         self.filtered = 0
         self.expired = 0
+        # Whether in-flight rows were deleted (gone, expired, auto-acked retries), and the first
+        # offset of each partition's new run: what the committed offsets depend on.
+        self.deleted = False
+        self.first_new: dict[int, int] = {}
+        self.before: dict[int, tuple[int, int, int]] = {}
         # Ordered mode: partitions with a message in flight deliver nothing new.
         self.blocked: set[int] = set()
 
@@ -363,6 +372,7 @@ class _Batch:
                         m, receipt(self.token, row.partition_id, row.offset), row.attempt
                     )
         models.InFlight.objects.filter(id__in=gone).delete()
+        self.deleted = self.deleted or bool(gone or expired)
         self.expired += len(expired)
         retries.dead_letter_rows(expired, self.group, self.topic, "expired", self.now)
 
@@ -414,7 +424,6 @@ class _Batch:
                 run_start = -1
         self._end_run(row.partition_id, run_start, position - 1)
         row.delivered_offset = position
-        row.save(update_fields=["delivered_offset", "filtered_count", "updated_at"])
         if expired:
             self.expired += len(expired)
             retries.dead_letter_messages(
@@ -427,6 +436,7 @@ class _Batch:
     def _end_run(self, partition_id: int, first: int, last: int) -> None:
         if first < 0 or self.auto_ack:
             return
+        self.first_new.setdefault(partition_id, first)
         self.new_rows.append(
             (
                 self.group.id,
@@ -443,10 +453,41 @@ class _Batch:
             )
         )
 
+    def save_offsets(self, offsets: dict[OffsetKey, models.GroupOffset]) -> None:
+        """Store the moved offsets; the committed ones computed here when nothing was deleted.
+
+        Without deletions the lowest in-flight offset of a partition that had some is
+        unchanged (committed < delivered tells it had some), and one that had none now starts
+        at its first new run, or at its delivered offset.
+        """
+        if self.deleted:
+            for row in offsets.values():
+                row.save(update_fields=["delivered_offset", "filtered_count", "updated_at"])
+            recompute_committed(offsets)
+            return
+        for row in offsets.values():
+            before = self.before[row.partition_id]
+            if before[0] >= before[1]:
+                first = self.first_new.get(row.partition_id)
+                if first is not None:
+                    row.committed_offset = first
+                else:
+                    row.committed_offset = max(row.delivered_offset, row.committed_offset)
+            if (row.committed_offset, row.delivered_offset, row.filtered_count) != before:
+                row.save(
+                    update_fields=[
+                        "committed_offset",
+                        "delivered_offset",
+                        "filtered_count",
+                        "updated_at",
+                    ]
+                )
+
     def store(self) -> None:
         if self.auto_ack:
             # Settled on delivery: the redelivered rows are done with too.
             models.InFlight.objects.filter(id__in=[r.id for r in self.redelivered]).delete()
+            self.deleted = self.deleted or bool(self.redelivered)
         else:
             models.InFlight.objects.bulk_update(
                 self.redelivered, ["state", "attempt", "member_id", "token", "deadline_ms"]
