@@ -28,3 +28,5 @@ if os.environ.get("FERRY_TEST_DB_NAME"):
     # authenticated keys remembered for a second.
     FERRY_DB_THREADS = -1
     FERRY_AUTH_CACHE_SECONDS = 1.0
+    # Off unless a test turns it on: the session's server must not run jobs over other tests.
+    FERRY_BACKGROUND_IN_PROCESS = os.environ.get("FERRY_BACKGROUND_IN_PROCESS") == "1"

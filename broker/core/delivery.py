@@ -67,7 +67,7 @@ _turn_lock = threading.Lock()
 
 def new_token() -> str:
     """A random token for one delivery batch; receipt() adds where each message is."""
-    return secrets.token_hex(4)
+    return secrets.token_hex(8)
 
 
 def receipt(token: str, partition_id: int, offset: int) -> str:
@@ -588,12 +588,19 @@ def _named(group_id: int, receipts: list[str]) -> dict[_Named, list[tuple[str, i
         for partition_id, named in sorted(by_partition.items()):
             low, high = min(n[2] for n in named), max(n[2] for n in named)
             cursor.execute(SELECT_NAMED, (group_id, partition_id, high, low))
-            runs = [_Named._make((*row[:13], bool(row[13]))) for row in cursor.fetchall()]
-            runs.sort(key=lambda r: r.offset)
-            starts = [r.offset for r in runs]
+            # Runs of one token do not overlap; broadcast members' runs may share offsets.
+            by_token: dict[str, list[_Named]] = {}
+            for row in cursor.fetchall():
+                run = _Named._make((*row[:13], bool(row[13])))
+                by_token.setdefault(run.token, []).append(run)
+            starts = {}
+            for token, runs in by_token.items():
+                runs.sort(key=lambda r: r.offset)
+                starts[token] = [r.offset for r in runs]
             for text, token, offset in named:
-                i = bisect.bisect_right(starts, offset) - 1
-                if i >= 0 and runs[i].last_offset >= offset and runs[i].token == token:
+                runs = by_token.get(token, [])
+                i = bisect.bisect_right(starts.get(token, []), offset) - 1
+                if i >= 0 and runs[i].last_offset >= offset:
                     found.setdefault(runs[i], []).append((text, offset))
     return found
 

@@ -53,12 +53,22 @@ def start_workers(*argv_list):
 
 
 def collect(procs):
-    outputs = []
-    for p in procs:
-        out, err = p.communicate(timeout=180)
-        assert p.returncode == 0, err.decode()
-        outputs.append(orjson.loads(out))
-    return outputs
+    """Each process's JSON output; every process is reaped even when one failed."""
+    try:
+        outputs = []
+        for p in procs:
+            out, err = p.communicate(timeout=180)
+            assert p.returncode == 0, err.decode()
+            outputs.append(orjson.loads(out))
+        return outputs
+    finally:
+        for p in procs:
+            if p.returncode is None:
+                try:
+                    p.communicate(timeout=60)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.communicate()
 
 
 def assert_gapless(topic_name):

@@ -1,14 +1,17 @@
-"""A producer or poller in its own process, against the test database named by FERRY_TEST_DB_NAME.
+"""A producer, poller or member in its own process, against the test database FERRY_TEST_DB_NAME.
 
 Usage: python -m tests.concurrency.worker produce TOPIC BATCHES BATCH_SIZE [ID_PREFIX]
        python -m tests.concurrency.worker poll TOPIC GROUP ROUNDS
        python -m tests.concurrency.worker release BATCH_SIZE ROUNDS
-       python -m tests.concurrency.worker member TOPIC GROUP MEMBER ROUNDS
+       python -m tests.concurrency.worker member TOPIC GROUP MEMBER ROUNDS [batch=N]
+                                         [auto_ack=1] [pause_ms=N] [want=N]
+       python -m tests.concurrency.worker sweep SECONDS
 Prints one JSON document with what it stored or received.
 """
 
 import os
 import sys
+import time
 
 import django
 import orjson
@@ -16,7 +19,7 @@ import orjson
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
 django.setup()
 
-from broker.core import groups, keys, log, membership, scheduling  # noqa: E402
+from broker.core import delivery, groups, keys, log, membership, scheduling  # noqa: E402
 from broker.core.records import NewMessage  # noqa: E402
 
 
@@ -45,16 +48,47 @@ def poll(topic: str, group: str, rounds: int) -> list:
     return got
 
 
-def member(topic: str, group: str, member_id: str, rounds: int) -> list:
-    """Join as a member, poll with auto-commit, leave; returns what it got."""
+def member(
+    topic: str,
+    group: str,
+    member_id: str,
+    rounds: int,
+    *,
+    batch: int = 5,
+    auto_ack: int = 0,
+    pause_ms: int = 0,
+    want: int = 0,
+) -> list:
+    """Join, take deliveries and ack each batch at once, leave.
+
+    Returns one [partition, offset, attempt, member, delivered_s, acked_s] per delivery; the
+    times are time.monotonic(), one clock for every process of the machine. Stops early once it
+    has `want` deliveries (0: run every round).
+    """
     membership.join_group(keys.CONSOLE, group, topic, member_id)
-    got = []
+    got: list = []
     try:
         for _ in range(rounds):
-            result = groups.poll_messages(
-                keys.CONSOLE, group, topic, 5, auto_commit=True, member_id=member_id
+            result = delivery.deliver_messages(
+                keys.CONSOLE, group, topic, member_id, batch, auto_ack=bool(auto_ack)
             )
-            got += [(m.partition, m.offset) for m in result.messages]
+            delivered_s = time.monotonic()
+            if result.deliveries and not auto_ack:
+                acked_s = time.monotonic()
+                settled = delivery.ack_messages(
+                    keys.CONSOLE, group, [d.receipt for d in result.deliveries]
+                )
+                # A long ack deadline: nothing may expire between delivery and ack.
+                assert not settled.stale, settled
+            else:
+                acked_s = delivered_s
+            got += [
+                [d.message.partition, d.message.offset, d.attempt, member_id, delivered_s, acked_s]
+                for d in result.deliveries
+            ]
+            if want and len(got) >= want:
+                break
+            time.sleep(pause_ms / 1000)
     finally:
         membership.leave_group(keys.CONSOLE, group, member_id)
     return got
@@ -65,14 +99,30 @@ def release(batch_size: int, rounds: int) -> list:
     return [scheduling.release_due(batch_size) for _ in range(rounds)]
 
 
+def sweep(seconds: float) -> list:
+    """Run the deadline sweep in a loop for this long; returns how many each round handled."""
+    handled = []
+    stop_at = time.monotonic() + seconds
+    while time.monotonic() < stop_at:
+        handled.append(delivery.redeliver_expired())
+        time.sleep(0.02)
+    return handled
+
+
+def options(pairs: list[str]) -> dict[str, int]:
+    return {name: int(value) for name, value in (pair.split("=", 1) for pair in pairs)}
+
+
 if __name__ == "__main__":
     command, *args = sys.argv[1:]
     if command == "produce":
         out = produce(args[0], int(args[1]), int(args[2]), *(args[3:4]))
     elif command == "member":
-        out = member(args[0], args[1], args[2], int(args[3]))
+        out = member(args[0], args[1], args[2], int(args[3]), **options(args[4:]))
     elif command == "release":
         out = release(int(args[0]), int(args[1]))
+    elif command == "sweep":
+        out = sweep(float(args[0]))
     else:
         out = poll(args[0], args[1], int(args[2]))
     sys.stdout.write(orjson.dumps(out).decode())

@@ -3,9 +3,11 @@
 import time
 
 import orjson
+import pytest
+from channels.db import database_sync_to_async
 
 from broker import background, models, tasks
-from broker.core import log, periodic
+from broker.core import delivery, keys, log, membership, periodic, trace
 from broker.core.records import NewMessage
 from mqsite.celery import app
 
@@ -55,3 +57,87 @@ def test_runner__runs_jobs_repeatedly_and_survives_errors(settings, caplog):
     runner.stop()
     assert len(calls) >= 4
     assert "background job record failed" in caplog.text
+
+
+@pytest.mark.parametrize("name", [job.name for job in periodic.JOBS])
+def test_run_periodic_job__every_job_of_the_table_runs(name, db):
+    # On an empty database each job finds nothing to do, and says so with a count.
+    assert tasks.run_periodic_job.apply(args=(name,)).get() == 0
+
+
+def expired_delivery(topic_name):
+    """A member's delivery whose ack deadline has passed; returns its receipt."""
+    membership.configure_group(keys.CONSOLE, "g", retry_delays_ms=[0])
+    membership.join_group(keys.CONSOLE, "g", topic_name, "m")
+    [d] = delivery.deliver_messages(keys.CONSOLE, "g", topic_name, "m", 10).deliveries
+    in_flight(topic_name).update(deadline_ms=log.now_ms() - 1)
+    return d.receipt
+
+
+def in_flight(topic_name):
+    return models.InFlight.objects.filter(partition__topic__name=topic_name)
+
+
+def test_run_periodic_job__redeliver_expired(topic_factory, console):
+    topic = topic_factory()
+    log.append_messages(console, topic.name, [NewMessage(b"1")])
+    expired_delivery(topic.name)
+    assert tasks.run_periodic_job.apply(args=("redeliver_expired",)).get() == 1
+    assert tasks.run_periodic_job.apply(args=("redeliver_expired",)).get() == 0
+    [again] = delivery.deliver_messages(console, "g", topic.name, "m", 10).deliveries
+    assert again.attempt == 2
+
+
+def test_run_periodic_job__purge_trace(topic_factory, console, settings):
+    topic = topic_factory(trace=True)
+    log.append_messages(console, topic.name, [NewMessage(b"1"), NewMessage(b"2")])
+    assert len(trace.get_trace(console, topic.name, 0, 0)) == 1
+    models.TraceEvent.objects.filter(offset=0).update(at_ms=1)
+    assert tasks.run_periodic_job.apply(args=("purge_trace",)).get() == 1
+    assert trace.get_trace(console, topic.name, 0, 0) == []
+    assert len(trace.get_trace(console, topic.name, 0, 1)) == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_runner__runs_redeliver_expired(topic_factory, console, settings):
+    settings.FERRY_ACK_SWEEP_INTERVAL_SECONDS = 0.02
+    topic = topic_factory()
+    log.append_messages(console, topic.name, [NewMessage(b"1")])
+    expired_delivery(topic.name)
+    runner = background.Runner((periodic.BY_NAME["redeliver_expired"],))
+    runner.start()
+    try:
+        deadline = time.monotonic() + 5
+        while in_flight(topic.name).filter(state="delivered").exists():
+            assert time.monotonic() < deadline, "the runner did not sweep"
+            time.sleep(0.01)
+    finally:
+        runner.stop()
+    assert in_flight(topic.name).get().state == models.InFlight.State.RETRY_WAIT
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_runner__redeliver_expired_wakes_a_waiting_long_poll(topic_factory, settings):
+    """The sweep runs on the runner's thread; the long poll waits on this event loop."""
+    settings.FERRY_ACK_SWEEP_INTERVAL_SECONDS = 0.02
+    topic = await database_sync_to_async(topic_factory)()
+    await database_sync_to_async(log.append_messages)(keys.CONSOLE, topic.name, [NewMessage(b"1")])
+    await database_sync_to_async(membership.configure_group)(
+        keys.CONSOLE, "g", ack_deadline_ms=1000, retry_delays_ms=[0]
+    )
+    await database_sync_to_async(membership.join_group)(keys.CONSOLE, "g", topic.name, "m")
+    first = await delivery.deliver_messages_async(keys.CONSOLE, "g", topic.name, "m", 10)
+    runner = background.Runner((periodic.BY_NAME["redeliver_expired"],))
+    runner.start()
+    try:
+        started = time.monotonic()
+        again = await delivery.deliver_messages_async(
+            keys.CONSOLE, "g", topic.name, "m", 10, max_wait_ms=4000
+        )
+        waited_s = time.monotonic() - started
+    finally:
+        await database_sync_to_async(runner.stop)()
+    assert [d.attempt for d in first.deliveries] == [1]
+    assert [d.attempt for d in again.deliveries] == [2]
+    # Woken by the sweep soon after the 1 s deadline, not by the 4 s poll timeout.
+    assert waited_s < 2, waited_s
