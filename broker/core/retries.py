@@ -9,7 +9,7 @@ from collections.abc import Iterable
 
 import orjson
 from django.db import transaction
-from django.db.models import Count, Q, QuerySet
+from django.db.models import QuerySet
 
 from broker import models
 from broker.core import delivery, errors, groups, keys, log, trace
@@ -377,13 +377,3 @@ def purge_dead_letters(
     with transaction.atomic(durable=True):
         count, _ = _selected(principal, group_name, ids, topic_name, reason).delete()
     return int(count)
-
-
-def dead_letter_counts(group_ids: Iterable[int]) -> dict[int, int]:
-    """How many dead letters each group holds."""
-    return dict(
-        models.DeadLetter.objects.filter(Q(group_id__in=list(group_ids)))
-        .values("group_id")
-        .annotate(n=Count("id"))
-        .values_list("group_id", "n")
-    )

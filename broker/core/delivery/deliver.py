@@ -1,0 +1,393 @@
+"""Delivery to members: due retries first, then new messages, each with a receipt.
+
+See docs/semantics.md#acknowledgements and docs/architecture.md#in-flight-by-runs.
+"""
+
+import functools
+import itertools
+import threading
+from typing import Any
+
+import orjson
+from django.db import connection
+from django.db.models import F
+
+from broker import models
+from broker import settings as ferry_settings
+from broker.core import (
+    bulk,
+    dbthreads,
+    errors,
+    events,
+    filters,
+    groups,
+    log,
+    membership,
+    retries,
+    trace,
+)
+from broker.core.delivery import inflight
+from broker.core.records import Delivery, DeliveryResult, Principal, StoredMessage
+
+# A poll reads at most this many messages past what a selective filter skips, then answers.
+SCAN_LIMIT = 10_000
+
+_turn = itertools.count()
+_turn_lock = threading.Lock()
+
+
+def _parsed_filter(spec: dict[str, Any] | None) -> filters.Filter:
+    if spec is None:
+        return filters.EVERYTHING
+    return _parse_cached(orjson.dumps(spec, option=orjson.OPT_SORT_KEYS).decode())
+
+
+@functools.lru_cache(maxsize=256)
+def _parse_cached(spec_json: str) -> filters.Filter:
+    return filters.parse_filter(orjson.loads(spec_json))
+
+
+def _validate_max_messages(max_messages: int) -> None:
+    limit = ferry_settings.get("MAX_FETCH_MESSAGES")
+    if not 1 <= max_messages <= limit:
+        raise errors.InvalidRequest(
+            f"max_messages must be between 1 and {limit}.", max_messages=max_messages
+        )
+
+
+def deliver_messages(
+    principal: Principal,
+    group_name: str,
+    topic_name: str,
+    member_id: str,
+    max_messages: int,
+    *,
+    auto_ack: bool = False,
+) -> DeliveryResult:
+    """Hand a member its next messages: due retries first, then new ones, each with a receipt.
+
+    In clustering mode a member reads only the partitions it holds a lease on, from the group's
+    offsets; in broadcast mode it reads every partition from its own. Messages its filter skips
+    advance the offsets and count as filtered; messages past the topic's TTL are dead-lettered.
+    With auto_ack the messages are settled as they are handed out (at most once).
+    """
+    groups.validate_group_name(group_name)
+    _validate_max_messages(max_messages)
+    topic = groups.topic_for_consume(principal, topic_name)
+    now = log.now_ms()
+    with bulk.bookkeeping():
+        group, member = membership.touch_member(group_name, member_id, topic.id)
+        broadcast = group.mode == models.ConsumerGroup.Mode.BROADCAST
+        subscriber = member_id if broadcast else ""
+        partition_ids = membership.held_partitions(group, member)
+        offsets = inflight.locked_offsets((group.id, pid, subscriber) for pid in partition_ids)
+        if len(offsets) < len(partition_ids):
+            # First delivery from some partition: its offsets start where the group does.
+            groups.ensure_offsets(group, partition_ids, subscriber)
+            offsets = inflight.locked_offsets((group.id, pid, subscriber) for pid in partition_ids)
+        batch = _Batch(group, topic, member, subscriber, now, max_messages, auto_ack)
+        batch.before = {
+            r.partition_id: (r.committed_offset, r.delivered_offset, r.filtered_count)
+            for r in offsets.values()
+        }
+        batch.take_retries(offsets)
+        batch.take_new(offsets)
+        batch.store()
+        batch.save_offsets(offsets)
+    return DeliveryResult(
+        topic_id=topic.id,
+        group=group_name,
+        topic=topic_name,
+        member_id=member_id,
+        generation=group.generation,
+        deliveries=tuple(batch.deliveries),
+        filtered=batch.filtered,
+        expired=batch.expired,
+    )
+
+
+# Raw SQL: most deliveries find no due retry, and this check costs a tenth of the ORM query.
+ANY_DUE = (
+    "SELECT 1 FROM broker_inflight WHERE group_id = %s AND subscriber = %s AND state = %s "
+    "AND deadline_ms <= %s AND partition_id IN ({}) LIMIT 1"
+)
+
+
+def _any_due(batch: "_Batch", partition_ids: list[int]) -> bool:
+    sql = ANY_DUE.format(", ".join(["%s"] * len(partition_ids)))
+    with connection.cursor() as cursor:
+        cursor.execute(
+            sql,
+            (
+                batch.group.id,
+                batch.subscriber,
+                models.InFlight.State.RETRY_WAIT.value,
+                batch.now,
+                *partition_ids,
+            ),
+        )
+        return cursor.fetchone() is not None
+
+
+class _Batch:
+    """One delivery's working set. Used inside deliver_messages' transaction, under its locks."""
+
+    def __init__(
+        self,
+        group: models.ConsumerGroup,
+        topic: models.Topic,
+        member: models.GroupMember,
+        subscriber: str,
+        now: int,
+        max_messages: int,
+        auto_ack: bool,
+    ) -> None:
+        self.group, self.topic, self.member = group, topic, member
+        self.subscriber, self.now, self.max_messages = subscriber, now, max_messages
+        self.auto_ack = auto_ack
+        self.deadline_ms = now + group.ack_deadline_ms
+        self.token = inflight.new_token()
+        self.match = _parsed_filter(member.filter)
+        self.deliveries: list[Delivery] = []
+        self.new_rows: list[tuple[object, ...]] = []
+        self.redelivered: list[models.InFlight] = []
+        self.events: list[models.TraceEvent] = []
+        self.filtered = 0
+        self.expired = 0
+        # Whether in-flight rows were deleted (gone, expired, auto-acked retries), and the first
+        # offset of each partition's new run: what the committed offsets depend on.
+        self.deleted = False
+        self.first_new: dict[int, int] = {}
+        self.before: dict[int, tuple[int, int, int]] = {}
+        # Ordered mode: partitions with a message in flight deliver nothing new.
+        self.blocked: set[int] = set()
+
+    @property
+    def room(self) -> int:
+        return self.max_messages - len(self.deliveries)
+
+    def _expired(self, m: StoredMessage) -> bool:
+        ttl = self.topic.message_ttl_ms
+        return ttl is not None and m.timestamp_ms + ttl < self.now
+
+    def _hand_out(self, m: StoredMessage, receipt: str, attempt: int) -> None:
+        self.deliveries.append(Delivery(m, receipt, attempt, self.deadline_ms))
+        if self.topic.trace:
+            self.events.append(
+                trace.event(
+                    self.topic.id,
+                    m.partition,
+                    m.offset,
+                    "delivered",
+                    group=self.group.name,
+                    member_id=self.member.member_id,
+                    attempt=attempt,
+                    at_ms=self.now,
+                )
+            )
+
+    def take_retries(self, offsets: dict[inflight.OffsetKey, models.GroupOffset]) -> None:
+        """Redeliver due retries (nacked, expired deadline, redriven, released by a leaver)."""
+        pids = [key[1] for key in offsets]
+        if not pids or (not self.group.ordered and not _any_due(self, pids)):
+            return
+        pending = models.InFlight.objects.filter(
+            group=self.group, subscriber=self.subscriber, partition_id__in=pids
+        ).select_related("partition")
+        waiting = pending.filter(state=models.InFlight.State.RETRY_WAIT, deadline_ms__lte=self.now)
+        if not self.group.ordered:
+            due = list(waiting.order_by("deadline_ms", "id")[: self.max_messages])
+            if not due:
+                return
+            runs = [row for row in due if row.last_offset > row.offset]
+            if runs:
+                # Retries go out one message at a time: split the runs that came due.
+                inflight._split(runs)
+                due = list(waiting.order_by("deadline_ms", "id")[: self.max_messages])
+        else:
+            inflight._split(list(waiting.filter(last_offset__gt=F("offset"))))
+            # One message of a partition in flight at most: its lowest row, if any, blocks it.
+            lowest: dict[int, models.InFlight] = {}
+            for row in pending.order_by("partition_id", "offset"):
+                lowest.setdefault(row.partition_id, row)
+            self.blocked = set(lowest)
+            due = [
+                row
+                for row in lowest.values()
+                if row.state == models.InFlight.State.RETRY_WAIT and row.deadline_ms <= self.now
+            ]
+        by_partition: dict[int, list[models.InFlight]] = {}
+        for row in due:
+            by_partition.setdefault(row.partition_id, []).append(row)
+        gone, expired = [], []
+        for pid, rows in by_partition.items():
+            found = inflight.read_at(pid, rows[0].partition.number, [r.offset for r in rows])
+            for row in rows:
+                m = found.get(row.offset)
+                if m is None:
+                    gone.append(row.id)  # retention removed it: nothing left to deliver
+                elif self._expired(m):
+                    expired.append(row)
+                elif self.room > 0:
+                    row.state = models.InFlight.State.DELIVERED
+                    row.attempt += 1
+                    row.member_id = self.member.member_id
+                    row.token = self.token
+                    row.deadline_ms = self.deadline_ms
+                    self.redelivered.append(row)
+                    self._hand_out(
+                        m, inflight.receipt(self.token, row.partition_id, row.offset), row.attempt
+                    )
+        models.InFlight.objects.filter(id__in=gone).delete()
+        self.deleted = self.deleted or bool(gone or expired)
+        self.expired += len(expired)
+        retries.dead_letter_rows(expired, self.group, self.topic, "expired", self.now)
+
+    def take_new(self, offsets: dict[inflight.OffsetKey, models.GroupOffset]) -> None:
+        """Hand out messages never delivered, from each partition's delivered offset on."""
+        rows = list(offsets.values())
+        if not rows:
+            return
+        with _turn_lock:
+            turn = next(_turn) % len(rows)
+        # Rotate the first partition read so one busy partition cannot starve the rest.
+        for row in rows[turn:] + rows[:turn]:
+            if self.room <= 0:
+                break
+            if row.partition_id in self.blocked:
+                continue
+            self._take_from(row, 1 if self.group.ordered else self.room)
+
+    def _take_from(self, row: models.GroupOffset, wanted: int) -> None:
+        p = row.partition
+        position = max(row.delivered_offset, row.committed_offset, p.start_offset)
+        scanned, taken, expired = 0, 0, []
+        ttl, everything = self.topic.message_ttl_ms, self.match.is_everything
+        run_start = -1  # first offset of the run being taken, -1 when none
+        while taken < wanted and position < p.next_offset and scanned < SCAN_LIMIT:
+            chunk = log.read_partition(
+                p.id, p.number, position, wanted - taken if everything else 500
+            )
+            if not chunk:
+                break
+            for m in chunk:
+                scanned += 1
+                position = m.offset + 1
+                if ttl is not None and m.timestamp_ms + ttl < self.now:
+                    expired.append(m)
+                elif not everything and not self.match.matches(m.tag, m.headers):
+                    row.filtered_count += 1
+                    self.filtered += 1
+                else:
+                    taken += 1
+                    if run_start < 0:
+                        run_start = m.offset
+                    self._hand_out(m, self._receipt(row.partition_id, m.offset), 1)
+                    if taken >= wanted:
+                        break
+                    continue
+                # A skipped message ends the run being taken.
+                self._end_run(row.partition_id, run_start, m.offset - 1)
+                run_start = -1
+        self._end_run(row.partition_id, run_start, position - 1)
+        row.delivered_offset = position
+        if expired:
+            self.expired += len(expired)
+            retries.dead_letter_messages(
+                self.group, self.topic, self.subscriber, expired, "expired", self.now
+            )
+
+    def _receipt(self, partition_id: int, offset: int) -> str:
+        return "" if self.auto_ack else inflight.receipt(self.token, partition_id, offset)
+
+    def _end_run(self, partition_id: int, first: int, last: int) -> None:
+        if first < 0 or self.auto_ack:
+            return
+        self.first_new.setdefault(partition_id, first)
+        self.new_rows.append(
+            (
+                self.group.id,
+                partition_id,
+                self.subscriber,
+                first,
+                last,
+                models.InFlight.State.DELIVERED.value,
+                self.member.member_id,
+                self.token,
+                1,
+                self.deadline_ms,
+                "",
+            )
+        )
+
+    def save_offsets(self, offsets: dict[inflight.OffsetKey, models.GroupOffset]) -> None:
+        """Store the moved offsets; the committed ones computed here when nothing was deleted.
+
+        Without deletions the lowest in-flight offset of a partition that had some is
+        unchanged (committed < delivered tells it had some), and one that had none now starts
+        at its first new run, or at its delivered offset.
+        """
+        if self.deleted:
+            for row in offsets.values():
+                row.save(update_fields=["delivered_offset", "filtered_count", "updated_at"])
+            inflight.recompute_committed(offsets)
+            return
+        for row in offsets.values():
+            before = self.before[row.partition_id]
+            if before[0] >= before[1]:
+                first = self.first_new.get(row.partition_id)
+                if first is not None:
+                    row.committed_offset = first
+                else:
+                    row.committed_offset = max(row.delivered_offset, row.committed_offset)
+            if (row.committed_offset, row.delivered_offset, row.filtered_count) != before:
+                row.save(
+                    update_fields=[
+                        "committed_offset",
+                        "delivered_offset",
+                        "filtered_count",
+                        "updated_at",
+                    ]
+                )
+
+    def store(self) -> None:
+        if self.auto_ack:
+            # Settled on delivery: the redelivered rows are done with too.
+            models.InFlight.objects.filter(id__in=[r.id for r in self.redelivered]).delete()
+            self.deleted = self.deleted or bool(self.redelivered)
+        else:
+            models.InFlight.objects.bulk_update(
+                self.redelivered, ["state", "attempt", "member_id", "token", "deadline_ms"]
+            )
+            bulk.insert_rows("broker_inflight", inflight.IN_FLIGHT_COLUMNS, self.new_rows)
+        trace.record(self.events)
+
+
+async def deliver_messages_async(
+    principal: Principal,
+    group_name: str,
+    topic_name: str,
+    member_id: str,
+    max_messages: int,
+    *,
+    auto_ack: bool = False,
+    max_wait_ms: int = 0,
+) -> DeliveryResult:
+    """deliver_messages, waiting up to max_wait_ms for something to deliver."""
+    log.validate_max_wait(max_wait_ms)
+    return await events.long_poll(
+        lambda: dbthreads.run(
+            functools.partial(
+                deliver_messages,
+                principal,
+                group_name,
+                topic_name,
+                member_id,
+                max_messages,
+                auto_ack=auto_ack,
+            )
+        ),
+        is_empty=lambda r: not r.deliveries and not r.filtered and not r.expired,
+        topic_id_of=lambda r: r.topic_id,
+        max_wait_ms=max_wait_ms,
+    )

@@ -1,0 +1,156 @@
+"""In-flight runs and receipts: split runs, read their messages, lock offsets, commit offsets.
+
+See docs/architecture.md#in-flight-by-runs and docs/architecture.md#locks.
+"""
+
+import secrets
+from collections.abc import Iterable
+
+import orjson
+from django.db.models import Min, Q
+
+from broker import models
+from broker.core import bulk, events
+from broker.core.records import StoredMessage
+
+OffsetKey = tuple[int, int, str]  # (group id, partition id, subscriber)
+IN_FLIGHT_COLUMNS = (
+    "group_id",
+    "partition_id",
+    "subscriber",
+    "offset",
+    "last_offset",
+    "state",
+    "member_id",
+    "token",
+    "attempt",
+    "deadline_ms",
+    "last_error",
+)
+
+
+def new_token() -> str:
+    """A random token for one delivery batch; receipt() adds where each message is."""
+    return secrets.token_hex(8)
+
+
+def receipt(token: str, partition_id: int, offset: int) -> str:
+    return f"{token}.{partition_id:x}.{offset:x}"
+
+
+def _parse_receipt(text: str) -> tuple[str, int, int] | None:
+    """(token, partition id, offset) of a receipt, or None for a string that is not one."""
+    parts = text.split(".")
+    if len(parts) != 3:
+        return None
+    try:
+        return parts[0], int(parts[1], 16), int(parts[2], 16)
+    except ValueError:
+        return None
+
+
+def _row(r: models.InFlight, first: int, last: int) -> tuple[object, ...]:
+    """The columns of a piece [first, last] of a run, its other fields unchanged."""
+    return (
+        r.group_id,
+        r.partition_id,
+        r.subscriber,
+        first,
+        last,
+        r.state,
+        r.member_id,
+        r.token,
+        r.attempt,
+        r.deadline_ms,
+        r.last_error,
+    )
+
+
+def _split(rows: Iterable[models.InFlight], removed: dict[int, set[int]] | None = None) -> None:
+    """Split runs into one row per offset, leaving out removed[row id]. Caller holds the locks.
+
+    Settling part of a run, and the slower paths (nack, reject, extend, retries, the deadline
+    sweep), work on single messages; the runs they touch are split first.
+    """
+    runs = [r for r in rows if r.last_offset > r.offset or (removed and r.id in removed)]
+    if not runs:
+        return
+    models.InFlight.objects.filter(id__in=[r.id for r in runs]).delete()
+    gone = removed or {}
+    bulk.insert_rows(
+        "broker_inflight",
+        IN_FLIGHT_COLUMNS,
+        [
+            _row(r, o, o)
+            for r in runs
+            for o in range(r.offset, r.last_offset + 1)
+            if o not in gone.get(r.id, ())
+        ],
+    )
+
+
+def wake(topic_id: int) -> None:
+    """Wake the topic's long polls after commit: messages are deliverable again."""
+    events.messages_returned(topic_id)
+
+
+def read_at(partition_id: int, number: int, offsets: Iterable[int]) -> dict[int, StoredMessage]:
+    """The stored messages at these offsets of a partition (those retention kept)."""
+    rows = models.Message.objects.filter(
+        partition_id=partition_id, offset__in=list(offsets)
+    ).values_list(
+        "offset", "timestamp_ms", "key", "tag", "headers", "value", "is_json", "client_id"
+    )
+
+    return {
+        o: StoredMessage(
+            number, o, ts, key, tag, orjson.dumps(headers).decode(), bytes(v), is_json, cid
+        )
+        for o, ts, key, tag, headers, v, is_json, cid in rows
+    }
+
+
+def locked_offsets(keys_: Iterable[OffsetKey]) -> dict[OffsetKey, models.GroupOffset]:
+    """Lock the group offset rows of these keys, in id order. Caller holds the transaction."""
+    wanted = sorted(set(keys_))
+    if not wanted:
+        return {}
+    match = Q()
+    for group_id, partition_id, subscriber in wanted:
+        match |= Q(group_id=group_id, partition_id=partition_id, subscriber=subscriber)
+    # Group offset locks: serialize everything that reads or changes these partitions' InFlight.
+    rows = (
+        models.GroupOffset.objects.select_for_update(no_key=True)
+        .filter(match)
+        .select_related("partition")
+        .order_by("id")
+    )
+    return {(r.group_id, r.partition_id, r.subscriber): r for r in rows}
+
+
+def recompute_committed(rows: dict[OffsetKey, models.GroupOffset]) -> None:
+    """Set each row's committed offset to its lowest in-flight offset, or its delivered offset.
+
+    Caller holds the rows' locks (locked_offsets).
+    """
+    if not rows:
+        return
+    match = Q()
+    for group_id, partition_id, subscriber in rows:
+        match |= Q(group_id=group_id, partition_id=partition_id, subscriber=subscriber)
+    lowest = {
+        (g, p, s): low
+        for g, p, s, low in models.InFlight.objects.filter(match)
+        .values("group_id", "partition_id", "subscriber")
+        .annotate(low=Min("offset"))
+        .values_list("group_id", "partition_id", "subscriber", "low")
+    }
+    changed = []
+    for key, row in rows.items():
+        low = lowest.get(key)
+        # Without anything in flight, a position a plain (non-member) poll moved on stands.
+        target = low if low is not None else max(row.delivered_offset, row.committed_offset)
+        if target != row.committed_offset:
+            row.committed_offset = target
+            changed.append(row)
+    models.GroupOffset.objects.bulk_update(changed, ["committed_offset"])

@@ -1,0 +1,281 @@
+"""Settling delivered messages by receipt: ack, nack, reject, extend their deadlines.
+
+See docs/semantics.md#acknowledgements and docs/architecture.md#in-flight-by-runs.
+"""
+
+import bisect
+from typing import Any, NamedTuple
+
+import orjson
+from django.db import connection
+from django.db.models import Q
+
+from broker import models
+from broker import settings as ferry_settings
+from broker.core import bulk, errors, groups, keys, log, retries, trace
+from broker.core.delivery import inflight
+from broker.core.records import Principal, SettleResult
+
+RECEIPT_MAX = 40
+
+
+def _validate_receipts(receipts: list[str]) -> list[str]:
+    limit = ferry_settings.get("MAX_FETCH_MESSAGES")
+    if not receipts:
+        raise errors.InvalidRequest("Name at least one receipt.")
+    if len(receipts) > limit:
+        raise errors.InvalidRequest(f"At most {limit} receipts per call.", count=len(receipts))
+    if any(not isinstance(r, str) or not 0 < len(r) <= RECEIPT_MAX for r in receipts):
+        raise errors.InvalidRequest(f"A receipt is a string of 1 to {RECEIPT_MAX} characters.")
+    return list(dict.fromkeys(receipts))
+
+
+class _Named(NamedTuple):
+    """An in-flight run a settle call names, with its topic."""
+
+    id: int
+    group_id: int
+    partition_id: int
+    subscriber: str
+    token: str
+    offset: int
+    last_offset: int
+    member_id: str
+    attempt: int
+    state: str
+    partition: int
+    topic_id: int
+    topic: str
+    trace: bool
+
+
+# Raw SQL on the ack hot path: no model instances for a thousand receipts. A receipt names
+# its partition and offset, so the rows come from the (group, partition, subscriber, offset)
+# index, one range per partition; the stored receipt must then match exactly.
+SELECT_NAMED = (
+    'SELECT i.id, i.group_id, i.partition_id, i.subscriber, i.token, i."offset", i.last_offset, '
+    "i.member_id, i.attempt, i.state, p.number, t.id, t.name, t.trace FROM broker_inflight i "
+    "JOIN broker_partition p ON p.id = i.partition_id JOIN broker_topic t ON t.id = p.topic_id "
+    'WHERE i.group_id = %s AND i.partition_id = %s AND i."offset" <= %s AND i.last_offset >= %s'
+)
+DELETE_IN_FLIGHT = {
+    "sqlite": "DELETE FROM broker_inflight WHERE id IN (SELECT value FROM json_each(%s))",
+    "postgresql": "DELETE FROM broker_inflight WHERE id = ANY(%s)",
+}
+
+
+def _array(values: list[Any]) -> Any:
+    return orjson.dumps(values).decode() if connection.vendor == "sqlite" else values
+
+
+def _named(group_id: int, receipts: list[str]) -> dict[_Named, list[tuple[str, int]]]:
+    """The runs the receipts name, each with its named (receipt, offset) pairs."""
+    by_partition: dict[int, list[tuple[str, str, int]]] = {}
+    for text in receipts:
+        where = inflight._parse_receipt(text)
+        if where is not None:
+            token, partition_id, offset = where
+            by_partition.setdefault(partition_id, []).append((text, token, offset))
+    found: dict[_Named, list[tuple[str, int]]] = {}
+    with connection.cursor() as cursor:
+        for partition_id, named in sorted(by_partition.items()):
+            low, high = min(n[2] for n in named), max(n[2] for n in named)
+            cursor.execute(SELECT_NAMED, (group_id, partition_id, high, low))
+            # Runs of one token do not overlap; broadcast members' runs may share offsets.
+            by_token: dict[str, list[_Named]] = {}
+            for row in cursor.fetchall():
+                run = _Named._make((*row[:13], bool(row[13])))
+                by_token.setdefault(run.token, []).append(run)
+            starts = {}
+            for token, runs in by_token.items():
+                runs.sort(key=lambda r: r.offset)
+                starts[token] = [r.offset for r in runs]
+            for text, token, offset in named:
+                runs = by_token.get(token, [])
+                i = bisect.bisect_right(starts.get(token, []), offset) - 1
+                if i >= 0 and runs[i].last_offset >= offset:
+                    found.setdefault(runs[i], []).append((text, offset))
+    return found
+
+
+def _delete_in_flight(ids: list[int]) -> None:
+    if ids:
+        with connection.cursor() as cursor:
+            cursor.execute(DELETE_IN_FLIGHT[connection.vendor], (_array(ids),))
+
+
+class _Settling:
+    """The in-flight runs a settle call names, locked."""
+
+    def __init__(self, principal: Principal, group_name: str, receipts: list[str]) -> None:
+        groups.validate_group_name(group_name)
+        self.receipts = _validate_receipts(receipts)
+        group = models.ConsumerGroup.objects.filter(name=group_name).first()
+        if group is None:
+            raise errors.GroupNotFound(group=group_name)
+        self.group: models.ConsumerGroup = group
+        found = _named(group.id, self.receipts)
+        for topic_name in sorted({run.topic for run in found}):
+            keys.require(principal, topic_name, "consume")
+        self.offsets = inflight.locked_offsets(
+            (r.group_id, r.partition_id, r.subscriber) for r in found
+        )
+        # Read again under the locks: a run may have been settled or redelivered meanwhile.
+        # (SQLite already serialized this transaction's writes before the first read.)
+        self.runs = found if connection.vendor == "sqlite" else _named(group.id, self.receipts)
+        matched = {text for named in self.runs.values() for text, _ in named}
+        self.stale = tuple(r for r in self.receipts if r not in matched)
+        self.count = len(matched)
+
+    def single_rows(self) -> dict[int, tuple[models.Topic, list[models.InFlight]]]:
+        """The named messages as one model row each, by topic (nack, reject, extend).
+
+        Splits the runs they are in first.
+        """
+        runs = models.InFlight.objects.filter(id__in=[r.id for r in self.runs])
+        inflight._split(list(runs))
+        match = Q(pk__in=[])
+        for run, named in self.runs.items():
+            match |= Q(
+                group_id=run.group_id,
+                partition_id=run.partition_id,
+                subscriber=run.subscriber,
+                offset__in=[offset for _, offset in named],
+            )
+        out: dict[int, tuple[models.Topic, list[models.InFlight]]] = {}
+        rows = models.InFlight.objects.filter(match).select_related("partition__topic")
+        for row in rows.order_by("id"):
+            topic = row.partition.topic
+            out.setdefault(topic.id, (topic, []))[1].append(row)
+        return out
+
+
+def _trace_each(
+    topic: models.Topic, rows: list[models.InFlight], name: str, group: str, now: int, **detail: str
+) -> None:
+    if topic.trace:
+        trace.record(
+            [
+                trace.event(
+                    topic.id,
+                    row.partition.number,
+                    row.offset,
+                    name,
+                    group=group,
+                    member_id=row.member_id,
+                    attempt=row.attempt,
+                    at_ms=now,
+                    **detail,
+                )
+                for row in rows
+            ]
+        )
+
+
+def ack_messages(principal: Principal, group_name: str, receipts: list[str]) -> SettleResult:
+    """Settle delivered messages for good; the committed offsets move to the lowest unsettled."""
+    now = log.now_ms()
+    with bulk.bookkeeping():
+        settling = _Settling(principal, group_name, receipts)
+        whole, partial = [], {}
+        for run, named in settling.runs.items():
+            if len(named) == run.last_offset - run.offset + 1:
+                whole.append(run.id)
+            else:
+                partial[run.id] = {offset for _, offset in named}
+        _delete_in_flight(whole)
+        if partial:
+            inflight._split(list(models.InFlight.objects.filter(id__in=partial)), partial)
+        trace.record(
+            [
+                trace.event(
+                    run.topic_id,
+                    run.partition,
+                    offset,
+                    "acked",
+                    group=group_name,
+                    member_id=run.member_id,
+                    attempt=run.attempt,
+                    at_ms=now,
+                )
+                for run, named in settling.runs.items()
+                if run.trace
+                for _, offset in named
+            ]
+        )
+        inflight.recompute_committed(settling.offsets)
+    return SettleResult(settled=settling.count, stale=settling.stale)
+
+
+def nack_messages(
+    principal: Principal,
+    group_name: str,
+    receipts: list[str],
+    *,
+    error: str = "",
+    delay_ms: int | None = None,
+) -> SettleResult:
+    """Fail delivered messages: each is redelivered after its backoff (or delay_ms), or goes to
+    the dead-letter queue once it has had the group's max_attempts."""
+    max_delay = ferry_settings.get("MAX_DELAY_SECONDS") * 1000
+    if delay_ms is not None and not 0 <= delay_ms <= max_delay:
+        raise errors.InvalidRequest(f"delay_ms is 0 to {max_delay}.", delay_ms=delay_ms)
+    now = log.now_ms()
+    dead = 0
+    with bulk.bookkeeping():
+        settling = _Settling(principal, group_name, receipts)
+        for topic, rows in settling.single_rows().values():
+            dead += retries.fail(
+                rows, settling.group, topic, event="nacked", error=error, delay_ms=delay_ms, now=now
+            )
+            if delay_ms == 0:
+                inflight.wake(topic.id)
+        inflight.recompute_committed(settling.offsets)
+    return SettleResult(settled=settling.count, stale=settling.stale, dead_lettered=dead)
+
+
+def reject_messages(
+    principal: Principal, group_name: str, receipts: list[str], *, error: str = ""
+) -> SettleResult:
+    """Send delivered messages straight to the group's dead-letter queue (no more retries)."""
+    now = log.now_ms()
+    with bulk.bookkeeping():
+        settling = _Settling(principal, group_name, receipts)
+        for topic, rows in settling.single_rows().values():
+            error = error[: retries.MAX_ERROR_CHARS]
+            for row in rows:
+                row.last_error = error
+            _trace_each(topic, rows, "rejected", group_name, now, error=error)
+            retries.dead_letter_rows(rows, settling.group, topic, "rejected", now)
+        inflight.recompute_committed(settling.offsets)
+    n = settling.count
+    return SettleResult(settled=n, stale=settling.stale, dead_lettered=n)
+
+
+def extend_deadlines(
+    principal: Principal, group_name: str, receipts: list[str], extend_ms: int
+) -> SettleResult:
+    """Give delivered messages more time: their deadlines become now + extend_ms."""
+    validate_ack_deadline(extend_ms, "extend_ms")
+    now = log.now_ms()
+    with bulk.bookkeeping():
+        settling = _Settling(principal, group_name, receipts)
+        rows = [row for _, topic_rows in settling.single_rows().values() for row in topic_rows]
+        live = [r for r in rows if r.state == models.InFlight.State.DELIVERED]
+        models.InFlight.objects.filter(id__in=[r.id for r in live]).update(
+            deadline_ms=now + extend_ms
+        )
+    # A message waiting for its retry is not with the consumer any more: nothing to extend.
+    receipt_of = {
+        (run.partition_id, offset): text
+        for run, named in settling.runs.items()
+        for text, offset in named
+    }
+    waiting = {receipt_of[(r.partition_id, r.offset)] for r in rows if r not in live}
+    return SettleResult(settled=len(live), stale=settling.stale + tuple(sorted(waiting)))
+
+
+def validate_ack_deadline(value_ms: int, name: str = "ack_deadline_ms") -> None:
+    high = ferry_settings.get("MAX_ACK_DEADLINE_MS")
+    if not 1000 <= value_ms <= high:
+        raise errors.InvalidRequest(f"{name} is 1000 to {high}.", **{name: value_ms})

@@ -1,0 +1,75 @@
+"""The deadline sweep: deliveries past their ack deadline become retries or dead letters.
+
+See docs/semantics.md#acknowledgements and docs/architecture.md#background-jobs.
+"""
+
+from django.db.models import F, Q
+
+from broker import models
+from broker.core import bulk, events, log, retries
+from broker.core.delivery import inflight
+
+SWEEP_BATCH = 1000
+
+
+def redeliver_expired() -> int:
+    """Turn deliveries past their ack deadline into retries (or dead letters); returns how many.
+
+    Also wakes long polls of topics whose retries are due, so they are redelivered promptly.
+    """
+    now = log.now_ms()
+    expired = models.InFlight.objects.filter(
+        state=models.InFlight.State.DELIVERED, deadline_ms__lt=now
+    )
+    handled = 0
+    while True:
+        found = list(
+            expired.order_by("deadline_ms")
+            .values_list("group_id", "partition_id", "subscriber")
+            .distinct()[:SWEEP_BATCH]
+        )
+        if not found:
+            break
+        for group_id in sorted({g for g, _, _ in found}):
+            handled += _sweep_group(group_id, [k for k in found if k[0] == group_id], now)
+        if len(found) < SWEEP_BATCH:
+            break
+    due_topics = (
+        models.InFlight.objects.filter(state=models.InFlight.State.RETRY_WAIT, deadline_ms__lte=now)
+        .values_list("partition__topic_id", flat=True)
+        .distinct()
+    )
+    for topic_id in list(due_topics):
+        events.messages_returned(topic_id)
+    return handled
+
+
+def _sweep_group(group_id: int, keys_: list[inflight.OffsetKey], now: int) -> int:
+    with bulk.bookkeeping():
+        group = models.ConsumerGroup.objects.filter(id=group_id).first()
+        if group is None:
+            return 0
+        offsets = inflight.locked_offsets(keys_)
+        match = Q()
+        for g, p, s in offsets:
+            match |= Q(group_id=g, partition_id=p, subscriber=s)
+        expired = models.InFlight.objects.filter(
+            match, state=models.InFlight.State.DELIVERED, deadline_ms__lt=now
+        )
+        inflight._split(list(expired.filter(last_offset__gt=F("offset"))))
+        rows = list(expired.select_related("partition__topic"))
+        by_topic: dict[int, tuple[models.Topic, list[models.InFlight]]] = {}
+        for row in rows:
+            by_topic.setdefault(row.partition.topic_id, (row.partition.topic, []))[1].append(row)
+        for topic, topic_rows in by_topic.values():
+            retries.fail(
+                topic_rows,
+                group,
+                topic,
+                event="expired",
+                error="ack deadline passed",
+                delay_ms=None,
+                now=now,
+            )
+        inflight.recompute_committed(offsets)
+    return len(rows)
