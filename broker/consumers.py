@@ -236,7 +236,9 @@ class BrokerConsumer(AsyncWebsocketConsumer):
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         data: str | bytes = text_data if text_data is not None else (bytes_data or b"")
         limit = ferry_settings.get("WS_MAX_FRAME_BYTES")
-        size = len(data.encode() if isinstance(data, str) else data)
+        # A text frame's UTF-8 size is at most four bytes a character: encode only near the limit.
+        near = isinstance(data, bytes) or len(data) * 4 > limit
+        size = len(data.encode() if isinstance(data, str) else data) if near else 0
         if size > limit:
             exc = FrameTooLarge(
                 f"The frame is {size} bytes; this server accepts at most {limit}.",
