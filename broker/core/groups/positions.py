@@ -1,8 +1,6 @@
-"""Consumer groups: committed offsets, poll, commit, lag and the overview (architecture.md).
+"""Group positions: the committed offsets a group reads from, and poll, commit and reset.
 
-A committed offset is the next offset the group reads (Kafka's convention). A group that has
-never committed on a partition starts at the partition's start offset: seed 000's "consume the
-topic from the beginning" (docs/decisions/0004-new-group-starts-at-earliest.md).
+See docs/architecture.md#locks: every write here locks the group offset rows, in id order.
 """
 
 import itertools
@@ -10,21 +8,12 @@ import threading
 from collections.abc import Iterable
 
 from django.db import transaction
-from django.db.models import F, Sum
 
 from broker import models
 from broker import settings as ferry_settings
 from broker.core import dbthreads, errors, events, keys, log, membership, topics
-from broker.core.records import (
-    GroupInfo,
-    GroupSettings,
-    GroupTopicOffsets,
-    Overview,
-    PartitionLag,
-    PollResult,
-    Principal,
-    StoredMessage,
-)
+from broker.core.groups import info
+from broker.core.records import GroupTopicOffsets, PollResult, Principal, StoredMessage
 
 _poll_turn = itertools.count()
 _poll_turn_lock = threading.Lock()
@@ -214,7 +203,7 @@ def commit_offsets(
                     end_offset=row.partition.next_offset,
                 )
             _move(row, offset)
-    return _group_topic_offsets(group_name, topic, list(rows.values()))
+    return info._group_topic_offsets(group_name, topic, list(rows.values()))
 
 
 def _move(row: models.GroupOffset, offset: int) -> None:
@@ -290,123 +279,4 @@ def reset_offsets(
             else:
                 continue
             _move(row, target)
-    return _group_topic_offsets(group_name, topic, [r for r in rows if r.subscriber == ""])
-
-
-def _group_topic_offsets(
-    group_name: str,
-    topic: models.Topic,
-    rows: list[models.GroupOffset],
-    in_flight: dict[tuple[int, int, str], int] | None = None,
-) -> GroupTopicOffsets:
-    if in_flight is None:
-        in_flight = _in_flight_counts({"group_id__in": {row.group_id for row in rows}})
-    return GroupTopicOffsets(
-        group=group_name,
-        topic=topic.name,
-        capacity=topic.capacity,
-        subscriber=rows[0].subscriber if rows else "",
-        partitions=tuple(
-            PartitionLag(
-                partition=row.partition.number,
-                # A group behind retention is moved to the start offset (DESIGN.md: Retention).
-                committed_offset=max(row.committed_offset, row.partition.start_offset),
-                start_offset=row.partition.start_offset,
-                end_offset=row.partition.next_offset,
-                in_flight=in_flight.get((row.group_id, row.partition_id, row.subscriber), 0),
-                filtered=row.filtered_count,
-            )
-            for row in sorted(rows, key=lambda r: r.partition.number)
-        ),
-    )
-
-
-def _in_flight_counts(group_filter: dict[str, object]) -> dict[tuple[int, int, str], int]:
-    return {
-        (g, p, s): n
-        for g, p, s, n in models.InFlight.objects.filter(**group_filter)
-        .values("group_id", "partition_id", "subscriber")
-        .annotate(n=Sum(F("last_offset") - F("offset") + 1))
-        .values_list("group_id", "partition_id", "subscriber", "n")
-    }
-
-
-def _offsets_by_group(
-    principal: Principal, group_filter: dict[str, object]
-) -> dict[str, list[GroupTopicOffsets]]:
-    rows = (
-        models.GroupOffset.objects.filter(**group_filter)
-        .select_related("group", "partition__topic")
-        .order_by("group__name", "partition__topic__name", "subscriber", "partition__number")
-    )
-    in_flight = _in_flight_counts(group_filter)
-    by_group: dict[str, list[GroupTopicOffsets]] = {}
-    for (group_name, _, _), topic_rows in itertools.groupby(
-        rows, key=lambda r: (r.group.name, r.partition.topic_id, r.subscriber)
-    ):
-        topic_rows_list = list(topic_rows)
-        topic = topic_rows_list[0].partition.topic
-        if not keys.allows(principal, topic.name, "consume"):
-            continue
-        by_group.setdefault(group_name, []).append(
-            _group_topic_offsets(group_name, topic, topic_rows_list, in_flight)
-        )
-    return by_group
-
-
-def describe_group(principal: Principal, group_name: str) -> GroupInfo:
-    """A group's committed offsets, end offsets and lag per topic the principal may consume."""
-    validate_group_name(group_name)
-    group = models.ConsumerGroup.objects.filter(name=group_name).first()
-    if group is None:
-        raise errors.GroupNotFound(group=group_name)
-    offsets = _offsets_by_group(principal, {"group": group}).get(group_name, [])
-    return _group_info(principal, group, offsets)
-
-
-def _group_info(
-    principal: Principal, group: models.ConsumerGroup, offsets: list[GroupTopicOffsets]
-) -> GroupInfo:
-    members = [
-        m for m in membership.list_members(group) if keys.allows(principal, m.topic, "consume")
-    ]
-    return GroupInfo(
-        name=group.name,
-        created_at_ms=int(group.created_at.timestamp() * 1000),
-        topics=tuple(offsets),
-        generation=group.generation,
-        strategy=group.strategy,
-        members=tuple(members),
-        settings=settings_of(group),
-        dead_letters=models.DeadLetter.objects.filter(group=group).count(),
-    )
-
-
-def settings_of(group: models.ConsumerGroup) -> GroupSettings:
-    return GroupSettings(
-        mode=group.mode,
-        ordered=group.ordered,
-        ack_deadline_ms=group.ack_deadline_ms,
-        max_attempts=group.max_attempts,
-        retry_delays_ms=tuple(group.retry_delays_ms or ()),
-    )
-
-
-def list_groups(principal: Principal) -> list[GroupInfo]:
-    """Every group with offsets or members on a topic the principal may consume, by name."""
-    by_group = _offsets_by_group(principal, {})
-    # A group whose members joined but never polled or committed has no offsets yet.
-    for group_name, topic_name in models.GroupMember.objects.values_list(
-        "group__name", "topic__name"
-    ):
-        if keys.allows(principal, topic_name, "consume"):
-            by_group.setdefault(group_name, [])
-    rows = {g.name: g for g in models.ConsumerGroup.objects.filter(name__in=by_group)}
-    return [_group_info(principal, rows[name], by_group[name]) for name in sorted(by_group)]
-
-
-def overview(principal: Principal) -> Overview:
-    """Seed 000's overview: the topics, and per group and topic its offsets and lag."""
-    visible_topics = topics.list_topics(principal)
-    groups = [t for g in list_groups(principal) for t in g.topics]
-    return Overview(topics=tuple(visible_topics), groups=tuple(groups))
+    return info._group_topic_offsets(group_name, topic, [r for r in rows if r.subscriber == ""])

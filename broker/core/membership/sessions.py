@@ -1,8 +1,6 @@
-"""Group membership: join, heartbeat, leave, expiry, and the partition leases a rebalance hands out.
+"""Member sessions: join, heartbeat, leave, expiry, and the partitions each member holds.
 
-See docs/semantics.md#membership. A rebalance runs under the group row's lock, bumps the
-group's generation and rewrites the (group, partition) lease rows; a lease row holds one member,
-so two members never hold one partition, whichever broker process serves them.
+See docs/semantics.md#membership.
 """
 
 import uuid
@@ -12,8 +10,9 @@ from django.db import transaction
 
 from broker import models
 from broker import settings as ferry_settings
-from broker.core import assignment, delivery, errors, filters, groups, keys, log, topics
-from broker.core.records import GroupInfo, MemberInfo, MemberSummary, Principal
+from broker.core import delivery, errors, filters, groups, keys, log, topics
+from broker.core.membership import rebalancing
+from broker.core.records import MemberInfo, MemberSummary, Principal
 
 MEMBER_ID_MAX = 100
 
@@ -24,179 +23,6 @@ def _validate_member_id(member_id: str) -> None:
             f"Member ids are 1 to {MEMBER_ID_MAX} characters from A-Z, a-z, 0-9, '.', '_', '-'.",
             member_id=member_id,
         )
-
-
-def locked_group(group_name: str) -> models.ConsumerGroup:
-    """The group row, created if new and locked. Caller holds the write transaction."""
-    models.ConsumerGroup.objects.get_or_create(name=group_name)
-    # Group lock: serializes joins, leaves, expiry, rebalances and member polls of one group.
-    # FOR NO KEY UPDATE (here and for every group and partition lock): rows inserted under
-    # other locks that reference the group (in-flight runs, dead letters) take KEY SHARE on it
-    # when PostgreSQL checks their foreign keys at commit, which FOR UPDATE would block.
-    return models.ConsumerGroup.objects.select_for_update(no_key=True).get(name=group_name)
-
-
-def rebalance(group: models.ConsumerGroup, topic_id: int) -> None:
-    """Reassign the topic's partitions over the group's live members on it; bump the generation.
-
-    Caller holds the group lock.
-    """
-    members = list(
-        models.GroupMember.objects.filter(group=group, topic_id=topic_id).values_list(
-            "member_id", flat=True
-        )
-    )
-    partitions = dict(
-        models.Partition.objects.filter(topic_id=topic_id).values_list("number", "id")
-    )
-    leases = {
-        lease.partition_id: lease
-        for lease in models.PartitionLease.objects.filter(
-            group=group, partition_id__in=partitions.values()
-        )
-    }
-    number_of = {pid: number for number, pid in partitions.items()}
-    previous = {
-        number_of[pid]: lease.member_id
-        for pid, lease in leases.items()
-        if lease.member_id is not None
-    }
-    if group.mode == models.ConsumerGroup.Mode.BROADCAST:
-        # Every member reads every partition from its own offsets: no partition has one holder.
-        owners: dict[int, str] = {}
-    else:
-        owners = assignment.assign(group.strategy, members, sorted(partitions), previous)
-    group.generation += 1
-    group.save(update_fields=["generation"])
-    changed, created = [], []
-    for number, pid in partitions.items():
-        owner = owners.get(number)
-        lease = leases.get(pid)
-        if lease is None:
-            created.append(
-                models.PartitionLease(
-                    group=group, partition_id=pid, member_id=owner, generation=group.generation
-                )
-            )
-        else:
-            lease.member_id = owner
-            lease.generation = group.generation
-            changed.append(lease)
-    models.PartitionLease.objects.bulk_create(created)
-    models.PartitionLease.objects.bulk_update(changed, ["member_id", "generation"])
-
-
-SESSION_TIMEOUT_MS_RANGE = (1_000, 3_600_000)
-MAX_ATTEMPTS_RANGE = (1, 1000)
-MAX_RETRY_LEVELS = 100
-
-
-def _validate_settings(
-    strategy: str | None,
-    session_timeout_ms: int | None,
-    mode: str | None,
-    ack_deadline_ms: int | None,
-    max_attempts: int | None,
-    retry_delays_ms: list[int] | None,
-) -> None:
-    if strategy is not None and strategy not in assignment.STRATEGIES:
-        raise errors.InvalidRequest(
-            f"strategy is one of {', '.join(assignment.STRATEGIES)}.", strategy=strategy
-        )
-    if mode is not None and mode not in models.ConsumerGroup.Mode.values:
-        modes = ", ".join(models.ConsumerGroup.Mode.values)
-        raise errors.InvalidRequest(f"mode is one of {modes}.", mode=mode)
-    low, high = SESSION_TIMEOUT_MS_RANGE
-    if session_timeout_ms is not None and not low <= session_timeout_ms <= high:
-        raise errors.InvalidRequest(
-            f"session_timeout_ms is {low} to {high}.", session_timeout_ms=session_timeout_ms
-        )
-    if ack_deadline_ms is not None:
-        delivery.validate_ack_deadline(ack_deadline_ms)
-    low, high = MAX_ATTEMPTS_RANGE
-    if max_attempts is not None and not low <= max_attempts <= high:
-        raise errors.InvalidRequest(f"max_attempts is {low} to {high}.", max_attempts=max_attempts)
-    if retry_delays_ms is not None:
-        longest = ferry_settings.get("MAX_DELAY_SECONDS") * 1000
-        if len(retry_delays_ms) > MAX_RETRY_LEVELS or not all(
-            0 <= d <= longest for d in retry_delays_ms
-        ):
-            raise errors.InvalidRequest(
-                f"retry_delays_ms is up to {MAX_RETRY_LEVELS} delays of 0 to {longest} ms "
-                "(empty: RocketMQ's levels).",
-            )
-
-
-def configure_group(
-    principal: Principal,
-    group_name: str,
-    *,
-    strategy: str | None = None,
-    session_timeout_ms: int | None = None,
-    mode: str | None = None,
-    ordered: bool | None = None,
-    ack_deadline_ms: int | None = None,
-    max_attempts: int | None = None,
-    retry_delays_ms: list[int] | None = None,
-) -> GroupInfo:
-    """Change how a group assigns and delivers; a field left out (None) keeps its value.
-
-    A new strategy rebalances at once; the mode changes only while the group has no members.
-    An operator's action: it needs an 'admin:*' key (or the console), like managing keys.
-    """
-    keys.require_superuser(principal)
-    groups.validate_group_name(group_name)
-    _validate_settings(
-        strategy, session_timeout_ms, mode, ack_deadline_ms, max_attempts, retry_delays_ms
-    )
-    given = {
-        "strategy": strategy,
-        "session_timeout_ms": session_timeout_ms,
-        "mode": mode,
-        "ordered": ordered,
-        "ack_deadline_ms": ack_deadline_ms,
-        "max_attempts": max_attempts,
-        "retry_delays_ms": retry_delays_ms,
-    }
-    with transaction.atomic(durable=True):
-        group = locked_group(group_name)
-        member_topics = set(
-            models.GroupMember.objects.filter(group=group).values_list("topic_id", flat=True)
-        )
-        changed = [
-            name
-            for name, value in given.items()
-            if value is not None and value != getattr(group, name)
-        ]
-        if "mode" in changed and member_topics:
-            raise errors.GroupHasMembers(
-                f"Group {group_name!r} has members: the mode changes only while it has none.",
-                group=group_name,
-            )
-        for name in changed:
-            setattr(group, name, given[name])
-        if changed:
-            group.save(update_fields=changed)
-        if "strategy" in changed:
-            for topic_id in sorted(member_topics):
-                rebalance(group, topic_id)
-    return groups.describe_group(principal, group_name)
-
-
-def rebalance_topic(topic: models.Topic) -> None:
-    """Rebalance every group with members on a topic whose partitions grew.
-
-    Caller holds the topic lock (lock order: topic, then group).
-    """
-    group_ids = set(
-        models.GroupMember.objects.filter(topic=topic).values_list("group_id", flat=True)
-    )
-    for group in (
-        models.ConsumerGroup.objects.select_for_update(no_key=True)
-        .filter(id__in=group_ids)
-        .order_by("id")
-    ):
-        rebalance(group, topic.id)
 
 
 def _info(group: models.ConsumerGroup, member: models.GroupMember, topic_name: str) -> MemberInfo:
@@ -244,7 +70,7 @@ def join_group(
         raise errors.InvalidRequest("Starting at a timestamp needs start_timestamp_ms.")
     now = log.now_ms()
     with transaction.atomic(durable=True):
-        group = locked_group(group_name)
+        group = rebalancing.locked_group(group_name)
         member = models.GroupMember.objects.filter(group=group, member_id=member_id).first()
         moved_from = None
         if member is None:
@@ -266,9 +92,9 @@ def join_group(
             member.filter = filter
             member.save(update_fields=["topic", "heartbeat_ms", "filter"])
         _start_positions(group, member, start, start_timestamp_ms)
-        rebalance(group, topic.id)
+        rebalancing.rebalance(group, topic.id)
         if moved_from is not None:
-            rebalance(group, moved_from)
+            rebalancing.rebalance(group, moved_from)
         return _info(group, member, topic.name)
 
 
@@ -340,7 +166,7 @@ def leave_group(principal: Principal, group_name: str, member_id: str) -> None:
         keys.require(principal, member.topic.name, "consume")
         member.delete()
         _release_in_flight(group, [member_id], member.topic_id)
-        rebalance(group, member.topic_id)
+        rebalancing.rebalance(group, member.topic_id)
 
 
 def expire_members() -> int:
@@ -369,7 +195,7 @@ def expire_members() -> int:
             removed += count
             for topic_id in sorted({topic_id for _, topic_id in gone}):
                 _release_in_flight(group, [m for m, t in gone if t == topic_id], topic_id)
-                rebalance(group, topic_id)
+                rebalancing.rebalance(group, topic_id)
     return removed
 
 

@@ -1,0 +1,140 @@
+"""Reading the log: fetch a partition's messages (long-polling too), look offsets up by time."""
+
+from typing import NamedTuple
+
+from django.db import connection
+
+from broker import models
+from broker import settings as ferry_settings
+from broker.core import dbthreads, errors, events, keys, topics
+from broker.core.records import FetchResult, OffsetLookup, Principal, StoredMessage
+
+# Raw SELECTs for the fetch hot path: the ORM would compile the query on every fetch, parse
+# every row's headers and run per-row converters; edges send the headers' JSON text on as is.
+SELECT_PARTITION = (
+    "SELECT p.id, p.topic_id, p.start_offset, p.next_offset FROM broker_partition p "
+    "JOIN broker_topic t ON t.id = p.topic_id WHERE t.name = %s AND p.number = %s"
+)
+SELECT_MESSAGES = (
+    'SELECT "offset", timestamp_ms, "key", tag, headers, value, is_json, client_id '
+    'FROM broker_message WHERE partition_id = %s AND "offset" >= %s AND "offset" < %s '
+    'ORDER BY "offset"'
+)
+
+
+class _PartitionRow(NamedTuple):
+    id: int
+    topic_id: int
+    start_offset: int
+    next_offset: int
+
+
+def _partition(principal: Principal, topic_name: str, number: int) -> _PartitionRow:
+    topics.validate_name(topic_name)
+    keys.require(principal, topic_name, "consume")
+    with connection.cursor() as cursor:
+        cursor.execute(SELECT_PARTITION, (topic_name, number))
+        found = cursor.fetchone()
+    if found is not None:
+        return _PartitionRow(*found)
+    if not models.Topic.objects.filter(name=topic_name).exists():
+        raise errors.TopicNotFound(name=topic_name)
+    raise errors.PartitionNotFound(topic=topic_name, partition=number)
+
+
+def read_partition(partition_id: int, number: int, offset: int, limit: int) -> list[StoredMessage]:
+    """Stored messages of one partition from offset on, at most limit (no permission check)."""
+    # Offsets are contiguous, so the range alone bounds the rows to limit.
+    with connection.cursor() as cursor:
+        cursor.execute(SELECT_MESSAGES, (partition_id, offset, offset + limit))
+        rows = cursor.fetchall()
+    return [
+        StoredMessage(number, o, ts, key, tag, headers, bytes(value), bool(is_json), client_id)
+        for o, ts, key, tag, headers, value, is_json, client_id in rows
+    ]
+
+
+def read_messages(
+    principal: Principal, topic_name: str, partition: int, offset: int | None, limit: int
+) -> FetchResult:
+    """Messages of one partition from offset (default: its start offset), at most limit."""
+    max_limit = ferry_settings.get("MAX_FETCH_MESSAGES")
+    if not 1 <= limit <= max_limit:
+        raise errors.InvalidRequest(f"limit must be between 1 and {max_limit}.", limit=limit)
+    p = _partition(principal, topic_name, partition)
+    start = p.start_offset if offset is None else offset
+    if not p.start_offset <= start <= p.next_offset:
+        raise errors.OffsetOutOfRange(
+            f"Offset {start} is outside partition {partition}'s range "
+            f"{p.start_offset}..{p.next_offset}.",
+            offset=start,
+            start_offset=p.start_offset,
+            end_offset=p.next_offset,
+        )
+    messages = read_partition(p.id, partition, start, limit)
+    next_offset = messages[-1].offset + 1 if messages else start
+    return FetchResult(
+        topic_id=p.topic_id,
+        partition=partition,
+        messages=tuple(messages),
+        next_offset=next_offset,
+        start_offset=p.start_offset,
+        end_offset=max(p.next_offset, next_offset),
+    )
+
+
+def validate_max_wait(max_wait_ms: int) -> None:
+    limit = ferry_settings.get("MAX_WAIT_MS")
+    if not 0 <= max_wait_ms <= limit:
+        raise errors.InvalidRequest(
+            f"max_wait_ms must be between 0 and {limit}.", max_wait_ms=max_wait_ms
+        )
+
+
+async def read_messages_async(
+    principal: Principal,
+    topic_name: str,
+    partition: int,
+    offset: int | None,
+    limit: int,
+    max_wait_ms: int,
+) -> FetchResult:
+    """read_messages, waiting up to max_wait_ms for a message when there is none yet."""
+    validate_max_wait(max_wait_ms)
+    return await events.long_poll(
+        lambda: dbthreads.run(read_messages, principal, topic_name, partition, offset, limit),
+        is_empty=lambda r: not r.messages,
+        topic_id_of=lambda r: r.topic_id,
+        max_wait_ms=max_wait_ms,
+    )
+
+
+def offset_for_timestamp(partition: models.Partition, timestamp_ms: int) -> int:
+    """The first offset stored at or after timestamp_ms, else the end offset (Kafka's lookup)."""
+    first = (
+        models.Message.objects.filter(partition_id=partition.id, timestamp_ms__gte=timestamp_ms)
+        .order_by("timestamp_ms", "offset")
+        .values_list("offset", flat=True)
+        .first()
+    )
+    return partition.next_offset if first is None else first
+
+
+def list_offsets(
+    principal: Principal, topic_name: str, timestamp_ms: int | None = None
+) -> list[OffsetLookup]:
+    """Per partition: start and end offsets, and the first offset at or after timestamp_ms."""
+    info = topics.get_topic(principal, topic_name)
+    found: dict[int, int] = {}
+    if timestamp_ms is not None:
+        for p in models.Partition.objects.filter(topic_id=info.id):
+            found[p.number] = offset_for_timestamp(p, timestamp_ms)
+    return [
+        OffsetLookup(
+            partition=p.number,
+            start_offset=p.start_offset,
+            end_offset=p.end_offset,
+            offset_for_timestamp=found.get(p.number),
+        )
+        for p in info.partitions
+    ]
