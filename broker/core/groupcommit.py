@@ -17,6 +17,7 @@ from django.db import IntegrityError, transaction
 
 from broker import models
 from broker.core import dbthreads, errors, log
+from broker.core.groups import positions
 from broker.core.records import AppendResult, NewMessage, Principal
 
 # Larger requests commit on their own: they already amortize the flush.
@@ -39,7 +40,12 @@ def append_batches(
     """
     outcomes: list[Outcome] = [None] * len(requests)
     by_topic: dict[int, tuple[models.Topic, list[tuple[int, list[Any]]]]] = {}
-    known = {t.name: t for t in models.Topic.objects.filter(name__in={r[1] for r in requests})}
+    known = {}
+    for name in {r[1] for r in requests}:
+        # Raw SQL: the ORM would compile the query for every group commit.
+        topic = next(iter(models.Topic.objects.raw(positions.SELECT_TOPIC, [name])), None)
+        if topic is not None:
+            known[name] = topic
     for i, (principal, topic_name, messages) in enumerate(requests):
         try:
             topic, plan = log.checked_batch(principal, topic_name, messages, known)

@@ -7,7 +7,7 @@ import secrets
 from collections.abc import Iterable
 
 import orjson
-from django.db.models import Min, Q
+from django.db import connection
 
 from broker import models
 from broker.core import bulk, events
@@ -110,22 +110,78 @@ def read_at(partition_id: int, number: int, offsets: Iterable[int]) -> dict[int,
     }
 
 
+# Raw SQL on every delivery and settlement: the ORM would compile this query each time. The
+# rows are built as models (with their partition) so callers can save them as usual.
+_OFFSET_COLUMNS = (
+    "o.id, o.group_id, o.partition_id, o.subscriber, o.committed_offset, o.delivered_offset, "
+    "o.filtered_count, o.updated_at, p.topic_id, p.number, p.next_offset, p.start_offset, "
+    "p.bytes_stored"
+)
+SELECT_OFFSETS = (
+    f"SELECT {_OFFSET_COLUMNS} FROM broker_groupoffset o "  # noqa: S608 (constants only)
+    "JOIN broker_partition p ON p.id = o.partition_id WHERE {} ORDER BY o.id"
+)
+
+
 def locked_offsets(keys_: Iterable[OffsetKey]) -> dict[OffsetKey, models.GroupOffset]:
     """Lock the group offset rows of these keys, in id order. Caller holds the transaction."""
     wanted = sorted(set(keys_))
     if not wanted:
         return {}
-    match = Q()
-    for group_id, partition_id, subscriber in wanted:
-        match |= Q(group_id=group_id, partition_id=partition_id, subscriber=subscriber)
-    # Group offset locks: serialize everything that reads or changes these partitions' InFlight.
-    rows = (
-        models.GroupOffset.objects.select_for_update(no_key=True)
-        .filter(match)
-        .select_related("partition")
-        .order_by("id")
+    where = " OR ".join(
+        ["(o.group_id = %s AND o.partition_id = %s AND o.subscriber = %s)"] * len(wanted)
     )
-    return {(r.group_id, r.partition_id, r.subscriber): r for r in rows}
+    sql = SELECT_OFFSETS.format(where)
+    if connection.vendor == "postgresql":
+        # Group offset locks: serialize everything that reads or changes these partitions'
+        # InFlight rows (SQLite serializes writers with BEGIN IMMEDIATE instead).
+        sql += " FOR NO KEY UPDATE OF o"
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [v for key in wanted for v in key])
+        found = cursor.fetchall()
+    rows = {}
+    for (
+        oid,
+        gid,
+        pid,
+        sub,
+        committed,
+        delivered,
+        filtered,
+        updated,
+        tid,
+        number,
+        nxt,
+        start,
+        size,
+    ) in found:
+        row = models.GroupOffset(
+            id=oid,
+            group_id=gid,
+            partition_id=pid,
+            subscriber=sub,
+            committed_offset=committed,
+            delivered_offset=delivered,
+            filtered_count=filtered,
+            updated_at=updated,
+        )
+        row.partition = models.Partition(
+            id=pid,
+            topic_id=tid,
+            number=number,
+            next_offset=nxt,
+            start_offset=start,
+            bytes_stored=size,
+        )
+        rows[(gid, pid, sub)] = row
+    return rows
+
+
+# Raw SQL for the same reason as SELECT_OFFSETS: every settlement runs it.
+LOWEST_IN_FLIGHT = (
+    'SELECT group_id, partition_id, subscriber, MIN("offset") FROM broker_inflight '
+    "WHERE {} GROUP BY group_id, partition_id, subscriber"
+)
 
 
 def recompute_committed(rows: dict[OffsetKey, models.GroupOffset]) -> None:
@@ -135,16 +191,11 @@ def recompute_committed(rows: dict[OffsetKey, models.GroupOffset]) -> None:
     """
     if not rows:
         return
-    match = Q()
-    for group_id, partition_id, subscriber in rows:
-        match |= Q(group_id=group_id, partition_id=partition_id, subscriber=subscriber)
-    lowest = {
-        (g, p, s): low
-        for g, p, s, low in models.InFlight.objects.filter(match)
-        .values("group_id", "partition_id", "subscriber")
-        .annotate(low=Min("offset"))
-        .values_list("group_id", "partition_id", "subscriber", "low")
-    }
+    keys_ = sorted(rows)
+    where = " OR ".join(["(group_id = %s AND partition_id = %s AND subscriber = %s)"] * len(keys_))
+    with connection.cursor() as cursor:
+        cursor.execute(LOWEST_IN_FLIGHT.format(where), [v for key in keys_ for v in key])
+        lowest = {(g, p, s): low for g, p, s, low in cursor.fetchall()}
     changed = []
     for key, row in rows.items():
         low = lowest.get(key)

@@ -30,10 +30,14 @@ def validate_group_name(name: str) -> None:
 def topic_for_consume(principal: Principal, topic_name: str) -> models.Topic:
     topics.validate_name(topic_name)
     keys.require(principal, topic_name, "consume")
-    topic = models.Topic.objects.filter(name=topic_name).first()
+    # Raw SQL: every poll and push asks, and the ORM would compile the query each time.
+    topic = next(iter(models.Topic.objects.raw(SELECT_TOPIC, [topic_name])), None)
     if topic is None:
         raise errors.TopicNotFound(name=topic_name)
     return topic
+
+
+SELECT_TOPIC = "SELECT * FROM broker_topic WHERE name = %s"
 
 
 def ensure_offsets(

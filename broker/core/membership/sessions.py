@@ -6,7 +6,7 @@ See docs/semantics.md#membership.
 import uuid
 from typing import Any
 
-from django.db import transaction
+from django.db import connection, transaction
 
 from broker import models
 from broker import settings as ferry_settings
@@ -212,6 +212,33 @@ def _release_in_flight(group: models.ConsumerGroup, member_ids: list[str], topic
         delivery.wake(topic_id)
 
 
+# Raw SQL on every member poll and push: the ORM would compile these queries each time.
+SELECT_GROUP = "SELECT * FROM broker_consumergroup WHERE name = %s"
+SELECT_MEMBER = "SELECT * FROM broker_groupmember WHERE group_id = %s AND member_id = %s"
+SELECT_LEASES = (
+    "SELECT partition_id FROM broker_partitionlease WHERE group_id = %s AND member_id = %s"
+)
+SELECT_PARTITIONS = "SELECT id FROM broker_partition WHERE topic_id = %s"
+
+
+def _locked_member(
+    group_name: str, member_id: str
+) -> tuple[models.ConsumerGroup, models.GroupMember]:
+    """_member(lock=True), in raw SQL (models built with their fields' converters)."""
+    sql = SELECT_GROUP
+    if connection.vendor == "postgresql":
+        sql += " FOR NO KEY UPDATE"  # the group lock (see rebalancing.locked_group)
+    group = next(iter(models.ConsumerGroup.objects.raw(sql, [group_name])), None)
+    member = (
+        next(iter(models.GroupMember.objects.raw(SELECT_MEMBER, [group.id, member_id])), None)
+        if group is not None
+        else None
+    )
+    if group is None or member is None:
+        raise errors.MemberNotFound(group=group_name, member_id=member_id)
+    return group, member
+
+
 def touch_member(
     group_name: str, member_id: str, topic_id: int
 ) -> tuple[models.ConsumerGroup, models.GroupMember]:
@@ -219,7 +246,7 @@ def touch_member(
 
     Caller holds the write transaction.
     """
-    group, member = _member(group_name, member_id, lock=True)
+    group, member = _locked_member(group_name, member_id)
     if member.topic_id != topic_id:
         raise errors.InvalidRequest(
             f"Member {member_id!r} joined for topic {member.topic.name!r}; join again to switch.",
@@ -239,15 +266,12 @@ def held_partitions(group: models.ConsumerGroup, member: models.GroupMember) -> 
 
     Caller holds the group lock.
     """
-    if group.mode == models.ConsumerGroup.Mode.BROADCAST:
-        return set(
-            models.Partition.objects.filter(topic_id=member.topic_id).values_list("id", flat=True)
-        )
-    return set(
-        models.PartitionLease.objects.filter(group=group, member_id=member.member_id).values_list(
-            "partition_id", flat=True
-        )
-    )
+    with connection.cursor() as cursor:
+        if group.mode == models.ConsumerGroup.Mode.BROADCAST:
+            cursor.execute(SELECT_PARTITIONS, [member.topic_id])
+        else:
+            cursor.execute(SELECT_LEASES, [group.id, member.member_id])
+        return {pid for (pid,) in cursor.fetchall()}
 
 
 def list_members(group: models.ConsumerGroup) -> list[MemberSummary]:
