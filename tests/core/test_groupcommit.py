@@ -5,6 +5,7 @@ import asyncio
 import orjson
 import pytest
 from asgiref.sync import sync_to_async
+from django.db import connection
 
 from broker import models
 from broker.core import errors, groupcommit, keys
@@ -15,6 +16,19 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 def message(value, **fields):
     return NewMessage(orjson.dumps(value), **fields)
+
+
+async def close_thread_connection():
+    # The core ran on another thread (FERRY_DB_THREADS=0 in tests: asgiref's) with this
+    # context's connection: close it, or PostgreSQL cannot drop the test database at the end.
+    def close():
+        connection.inc_thread_sharing()
+        try:
+            connection.close()
+        finally:
+            connection.dec_thread_sharing()
+
+    await sync_to_async(close)()
 
 
 def offsets(outcome):
@@ -68,6 +82,7 @@ async def test_append_messages__concurrent_requests_all_stored_in_order(topic_fa
     assert [r[0].offset for r in results] == list(range(50))
     with pytest.raises(errors.TopicNotFound):
         await groupcommit.append_messages(keys.CONSOLE, "missing", [message(0)])
+    await close_thread_connection()
 
 
 async def test_append_messages__idempotent_ids_within_a_group(topic_factory):
@@ -78,3 +93,4 @@ async def test_append_messages__idempotent_ids_within_a_group(topic_factory):
     )
     assert (first[0].offset, first[0].duplicate) == (0, False)
     assert (second[0].offset, second[0].duplicate) == (0, True)
+    await close_thread_connection()

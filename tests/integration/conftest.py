@@ -88,6 +88,8 @@ def broker_url(django_db_setup, django_db_blocker) -> Iterator[str]:
         yield url
     finally:
         stop(proc)
+        with django_db_blocker.unblock():
+            wait_for_sessions_to_end()
 
 
 @pytest.fixture(scope="session")
@@ -104,3 +106,26 @@ def redis_url() -> Iterator[str]:
             yield started.stdout.strip().splitlines()[-1]
         finally:
             subprocess.run([str(ROOT / "scripts" / "redis"), "stop", directory], check=False)
+
+
+def other_sessions() -> set[int]:
+    """Backend pids of the other sessions on the test database (PostgreSQL; empty on SQLite)."""
+    if connection.vendor != "postgresql":
+        return set()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pid FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+        return {pid for (pid,) in cursor.fetchall()}
+
+
+def wait_for_sessions_to_end(keep: set[int] | None = None, timeout_s: float = 15) -> None:
+    """On PostgreSQL, wait until sessions other than keep (killed or stopped processes') end.
+
+    A killed client's server backend ends once it notices the closed socket; the test database
+    can only be flushed or dropped after that.
+    """
+    deadline = time.monotonic() + timeout_s
+    while other_sessions() - (keep or set()) and time.monotonic() < deadline:
+        time.sleep(0.05)

@@ -14,7 +14,13 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
 from broker import models
-from tests.integration.conftest import ROOT, server_env, start_daphne
+from tests.integration.conftest import (
+    ROOT,
+    other_sessions,
+    server_env,
+    start_daphne,
+    wait_for_sessions_to_end,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
@@ -22,6 +28,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 def test_produce__acknowledged_messages_survive_sigkill(key_factory, topic_factory):
     topic = topic_factory(partitions=2)
     _, secret = key_factory("produce:*")
+    before = other_sessions()
     proc, base = start_daphne()
     url = f"{base}/api/v1"
     acknowledged = []
@@ -37,6 +44,7 @@ def test_produce__acknowledged_messages_survive_sigkill(key_factory, topic_facto
     finally:
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
+        wait_for_sessions_to_end(before)
     stored = set(
         models.Message.objects.filter(partition__topic__name=topic.name).values_list(
             "partition__number", "offset"
@@ -48,6 +56,7 @@ def test_produce__acknowledged_messages_survive_sigkill(key_factory, topic_facto
 
 def test_append_messages__killed_producer_leaves_whole_batches(topic_factory):
     topic = topic_factory()
+    before = other_sessions()
     proc = subprocess.Popen(
         [sys.executable, "-m", "tests.concurrency.worker", "produce", topic.name, "100000", "250"],
         cwd=ROOT,
@@ -61,6 +70,7 @@ def test_append_messages__killed_producer_leaves_whole_batches(topic_factory):
         time.sleep(0.05)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
+    wait_for_sessions_to_end(before)
     partition = models.Partition.objects.get(topic__name=topic.name)
     offsets = list(
         models.Message.objects.filter(partition=partition)
@@ -76,6 +86,7 @@ def test_publish__pipelined_frames_survive_sigkill_whole(key_factory, topic_fact
     """Publishes sharing commits (group commit): every answered one is stored, none in part."""
     topic = topic_factory(partitions=2)
     _, secret = key_factory("produce:*")
+    before = other_sessions()
     proc, base = start_daphne()
     answered: list[dict] = []
     url = base.replace("http://", "ws://") + "/ws/v1/"
@@ -108,6 +119,7 @@ def test_publish__pipelined_frames_survive_sigkill_whole(key_factory, topic_fact
         if proc.poll() is None:
             os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
+        wait_for_sessions_to_end(before)
     stored = list(
         models.Message.objects.filter(partition__topic__name=topic.name).values_list(
             "partition__number", "offset", "value"

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 import orjson
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import Sum
 
 from broker import models
@@ -238,6 +238,39 @@ def known_ids(topic_id: int, client_ids: set[str], timestamp_ms: int) -> dict[st
     return {r.client_id: (r.partition_number, r.offset) for r in rows}
 
 
+# Raw SQL on the produce hot path: the ORM would compile these for every batch.
+SELECT_PARTITIONS = (
+    "SELECT id, topic_id, number, next_offset, start_offset, bytes_stored FROM broker_partition "
+    "WHERE topic_id = %s AND number IN ({}) ORDER BY number"
+)
+UPDATE_PARTITION = (
+    "UPDATE broker_partition SET next_offset = %s, start_offset = %s, bytes_stored = %s "
+    "WHERE id = %s"
+)
+
+
+def _locked_partitions(topic_id: int, numbers: list[int]) -> dict[int, models.Partition]:
+    """The partitions, locked in number order. Caller holds the write transaction."""
+    sql = SELECT_PARTITIONS.format(", ".join(["%s"] * len(numbers)))
+    if connection.vendor == "postgresql":
+        # Partition row locks, in number order: serialize offset assignment per partition.
+        sql += " FOR NO KEY UPDATE"
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [topic_id, *numbers])
+        rows = cursor.fetchall()
+    return {
+        number: models.Partition(
+            id=pid,
+            topic_id=tid,
+            number=number,
+            next_offset=nxt,
+            start_offset=start,
+            bytes_stored=size,
+        )
+        for pid, tid, number, nxt, start, size in rows
+    }
+
+
 def _store(
     topic: models.Topic,
     plan: list[_Planned],
@@ -246,11 +279,7 @@ def _store(
 ) -> dict[int, tuple[int, int]]:
     """Assign offsets and insert; returns index -> (partition, offset). Caller holds the lock."""
     numbers = sorted({plan[i].partition for i in to_store})
-    # Partition row locks, in number order: serialize offset assignment per partition.
-    locked = models.Partition.objects.select_for_update(no_key=True).filter(
-        topic_id=topic.id, number__in=numbers
-    )
-    partitions = {p.number: p for p in locked.order_by("number")}
+    partitions = _locked_partitions(topic.id, numbers)
     # Stamped under the lock, so timestamps follow offsets within a partition (one clock).
     timestamp_ms = now_ms()
     if len(partitions) != len(numbers):
@@ -302,7 +331,11 @@ def _store(
         if topic.capacity is not None and p.next_offset - p.start_offset > topic.capacity:
             # drop_oldest: the reject policy raised above, before any insert.
             truncate(p, p.next_offset - topic.capacity)
-        p.save(update_fields=["next_offset", "start_offset", "bytes_stored"])
+    with connection.cursor() as cursor:
+        cursor.executemany(
+            UPDATE_PARTITION,
+            [(p.next_offset, p.start_offset, p.bytes_stored, p.id) for p in partitions.values()],
+        )
     events.messages_appended(topic.id, {p.number: p.next_offset for p in partitions.values()})
     return placed
 
