@@ -80,7 +80,11 @@ def bookkeeping() -> Iterator[None]:
 
 def _sqlite_synchronous() -> str:
     # The connection's configured level (FERRY_SQLITE_SYNCHRONOUS, FULL by default).
-    command = str(connection.settings_dict.get("OPTIONS", {}).get("init_command", ""))
+    return _synchronous_in(str(connection.settings_dict.get("OPTIONS", {}).get("init_command", "")))
+
+
+@functools.cache
+def _synchronous_in(command: str) -> str:
     for part in command.split(";"):
         name, _, value = part.strip().partition("=")
         if name.lower() == "pragma synchronous":

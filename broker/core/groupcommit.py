@@ -8,6 +8,7 @@ fails rolls back alone and gets its own error, and the rest commit.
 """
 
 import asyncio
+import collections
 import weakref
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
@@ -98,7 +99,7 @@ class _Waiting:
 
 @dataclass
 class _Queue:
-    waiting: list[_Waiting] = field(default_factory=list)
+    waiting: "collections.deque[_Waiting]" = field(default_factory=collections.deque)
     draining: bool = False
     # Running tasks, referenced so that they are not collected mid-way.
     tasks: set["asyncio.Task[None]"] = field(default_factory=set)
@@ -138,7 +139,7 @@ async def _drain(queue: _Queue) -> None:
             group, size = [], 0
             while queue.waiting and size + len(queue.waiting[0].messages) <= MAX_GROUP_MESSAGES:
                 size += len(queue.waiting[0].messages)
-                group.append(queue.waiting.pop(0))
+                group.append(queue.waiting.popleft())
             try:
                 outcomes = await dbthreads.run(
                     append_batches, [(w.principal, w.topic, w.messages) for w in group]

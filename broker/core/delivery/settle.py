@@ -12,7 +12,7 @@ from django.db.models import Q
 
 from broker import models
 from broker import settings as ferry_settings
-from broker.core import bulk, errors, groups, keys, log, retries, trace
+from broker.core import bulk, errors, groups, keys, log, membership, retries, trace
 from broker.core.delivery import inflight
 from broker.core.records import Principal, SettleResult
 
@@ -104,17 +104,13 @@ def _delete_in_flight(ids: list[int]) -> None:
             cursor.execute(DELETE_IN_FLIGHT[connection.vendor], (_array(ids),))
 
 
-# Raw SQL: every settlement looks its group up, and the ORM would compile the query each time.
-SELECT_GROUP = "SELECT * FROM broker_consumergroup WHERE name = %s"
-
-
 class _Settling:
     """The in-flight runs a settle call names, locked."""
 
     def __init__(self, principal: Principal, group_name: str, receipts: list[str]) -> None:
         groups.validate_group_name(group_name)
         self.receipts = _validate_receipts(receipts)
-        group = next(iter(models.ConsumerGroup.objects.raw(SELECT_GROUP, [group_name])), None)
+        group = membership.find_group(group_name)
         if group is None:
             raise errors.GroupNotFound(group=group_name)
         self.group: models.ConsumerGroup = group

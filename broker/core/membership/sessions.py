@@ -131,16 +131,31 @@ def _start_positions(
     models.GroupOffset.objects.bulk_create(rows, ignore_conflicts=True)
 
 
+# Raw SQL on every member poll and push: the ORM would compile these queries each time.
+SELECT_GROUP = "SELECT * FROM broker_consumergroup WHERE name = %s"
+SELECT_MEMBER = "SELECT * FROM broker_groupmember WHERE group_id = %s AND member_id = %s"
+SELECT_LEASES = (
+    "SELECT partition_id FROM broker_partitionlease WHERE group_id = %s AND member_id = %s"
+)
+SELECT_PARTITIONS = "SELECT id FROM broker_partition WHERE topic_id = %s"
+
+
+def find_group(group_name: str, lock: bool = False) -> models.ConsumerGroup | None:
+    """The group by name, or None; locked (the group lock) if lock. Raw SQL: every member
+    poll, push and settlement looks its group up, and the ORM would compile the query."""
+    sql = SELECT_GROUP
+    if lock and connection.vendor == "postgresql":
+        sql += " FOR NO KEY UPDATE"  # the group lock (see rebalancing.locked_group)
+    return next(iter(models.ConsumerGroup.objects.raw(sql, [group_name])), None)
+
+
 def _member(
     group_name: str, member_id: str, lock: bool
 ) -> tuple[models.ConsumerGroup, models.GroupMember]:
     """The group (locked if lock) and the member; MemberNotFound when gone (expired or left)."""
-    groups_qs = models.ConsumerGroup.objects.filter(name=group_name)
-    group = (groups_qs.select_for_update(no_key=True) if lock else groups_qs).first()
+    group = find_group(group_name, lock)
     member = (
-        models.GroupMember.objects.select_related("topic")
-        .filter(group=group, member_id=member_id)
-        .first()
+        next(iter(models.GroupMember.objects.raw(SELECT_MEMBER, [group.id, member_id])), None)
         if group is not None
         else None
     )
@@ -212,33 +227,6 @@ def _release_in_flight(group: models.ConsumerGroup, member_ids: list[str], topic
         delivery.wake(topic_id)
 
 
-# Raw SQL on every member poll and push: the ORM would compile these queries each time.
-SELECT_GROUP = "SELECT * FROM broker_consumergroup WHERE name = %s"
-SELECT_MEMBER = "SELECT * FROM broker_groupmember WHERE group_id = %s AND member_id = %s"
-SELECT_LEASES = (
-    "SELECT partition_id FROM broker_partitionlease WHERE group_id = %s AND member_id = %s"
-)
-SELECT_PARTITIONS = "SELECT id FROM broker_partition WHERE topic_id = %s"
-
-
-def _locked_member(
-    group_name: str, member_id: str
-) -> tuple[models.ConsumerGroup, models.GroupMember]:
-    """_member(lock=True), in raw SQL (models built with their fields' converters)."""
-    sql = SELECT_GROUP
-    if connection.vendor == "postgresql":
-        sql += " FOR NO KEY UPDATE"  # the group lock (see rebalancing.locked_group)
-    group = next(iter(models.ConsumerGroup.objects.raw(sql, [group_name])), None)
-    member = (
-        next(iter(models.GroupMember.objects.raw(SELECT_MEMBER, [group.id, member_id])), None)
-        if group is not None
-        else None
-    )
-    if group is None or member is None:
-        raise errors.MemberNotFound(group=group_name, member_id=member_id)
-    return group, member
-
-
 def touch_member(
     group_name: str, member_id: str, topic_id: int
 ) -> tuple[models.ConsumerGroup, models.GroupMember]:
@@ -246,7 +234,7 @@ def touch_member(
 
     Caller holds the write transaction.
     """
-    group, member = _locked_member(group_name, member_id)
+    group, member = _member(group_name, member_id, lock=True)
     if member.topic_id != topic_id:
         raise errors.InvalidRequest(
             f"Member {member_id!r} joined for topic {member.topic.name!r}; join again to switch.",
