@@ -44,7 +44,7 @@ class Partition(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.topic_id}/{self.number}"
+        return f"{self.topic.name}[{self.number}]"
 
 
 class Message(models.Model):
@@ -67,11 +67,23 @@ class Message(models.Model):
             )
         ]
         indexes = [
-            models.Index(fields=["partition", "timestamp_ms"], name="message_partition_ts_idx")
+            models.Index(fields=["partition", "timestamp_ms"], name="message_partition_ts_idx"),
+            # The console's message browser finds messages by key and by client message id
+            # without a scan; partial, so keyless and id-less messages cost nothing to insert.
+            models.Index(
+                fields=["partition", "key"],
+                condition=models.Q(key__isnull=False),
+                name="message_partition_key_idx",
+            ),
+            models.Index(
+                fields=["partition", "client_id"],
+                condition=models.Q(client_id__isnull=False),
+                name="message_partition_cid_idx",
+            ),
         ]
 
     def __str__(self) -> str:
-        return f"{self.partition_id}@{self.offset}"
+        return f"{self.partition.topic.name}[{self.partition.number}]@{self.offset}"
 
 
 class ProducedId(models.Model):
@@ -309,6 +321,134 @@ class ApiKey(models.Model):
     permissions = models.JSONField(default=list)
     created_at = models.DateTimeField(auto_now_add=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
+    # Who made it: "user:<username>" from the dashboard, "console", or "key:<name>" over REST.
+    created_by = models.CharField(max_length=200, default="", blank=True)
+    # Written at most every few seconds from memory (keys.note_used), never on the hot path.
+    last_used_ms = models.BigIntegerField(null=True, blank=True)
 
     def __str__(self) -> str:
         return self.name
+
+
+class AuditEntry(models.Model):
+    """One action that changed data, from the dashboard, REST or the console: who, what, result."""
+
+    at_ms = models.BigIntegerField(db_index=True)
+    # "user:<username>" (dashboard), "key:<name>" (REST) or "console" (management command).
+    actor = models.CharField(max_length=200)
+    source = models.CharField(max_length=20)  # dashboard | api | console
+    action = models.CharField(max_length=60)  # e.g. topic.create, group.reset, dlq.redrive
+    target = models.CharField(max_length=400, default="", blank=True)
+    params = models.JSONField(default=dict, blank=True)
+    # "ok", or the BrokerError code that refused it.
+    outcome = models.CharField(max_length=60)
+    result = models.JSONField(default=dict, blank=True)
+    client_ip = models.CharField(max_length=64, default="", blank=True)
+    user_agent = models.CharField(max_length=300, default="", blank=True)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["action", "at_ms"], name="audit_action_at_idx"),
+            models.Index(fields=["actor", "at_ms"], name="audit_actor_at_idx"),
+        ]
+        # The console's two roles (docs/console-ui.md): view every page, operate (change data).
+        permissions = [
+            ("view_console", "Can view the Ferry console"),
+            ("operate_console", "Can change data from the Ferry console"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.actor} {self.action} {self.target}"
+
+
+class TopicSample(models.Model):
+    """A topic's size at one moment, for the console's charts (core/history.py)."""
+
+    topic = models.ForeignKey(Topic, on_delete=models.CASCADE, related_name="samples")
+    at_ms = models.BigIntegerField()
+    # Seconds this sample stands for: the sampling interval, or more once downsampled.
+    resolution_s = models.PositiveIntegerField()
+    # Sum over partitions of the end offset: every message ever appended (the "in" counter).
+    end_offset_total = models.BigIntegerField()
+    message_count = models.BigIntegerField()
+    bytes_stored = models.BigIntegerField()
+
+    class Meta:
+        indexes = [models.Index(fields=["topic", "at_ms"], name="topicsample_topic_at_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.topic.name}@{self.at_ms}"
+
+
+class GroupSample(models.Model):
+    """A group's position on a topic at one moment, for lag history (core/history.py)."""
+
+    group = models.ForeignKey(ConsumerGroup, on_delete=models.CASCADE, related_name="samples")
+    topic = models.ForeignKey(Topic, on_delete=models.CASCADE, related_name="group_samples")
+    at_ms = models.BigIntegerField()
+    resolution_s = models.PositiveIntegerField()
+    # Sums over partitions (the "out" counter and the total lag).
+    committed_total = models.BigIntegerField()
+    lag = models.BigIntegerField()
+    in_flight = models.BigIntegerField()
+    # Age of the oldest message the group has not consumed, over its partitions; null: none.
+    oldest_age_ms = models.BigIntegerField(null=True, blank=True)
+    # Per partition: {"<n>": [committed, end, lag, oldest_age_ms or null]}.
+    partitions = models.JSONField(default=dict)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["group", "topic", "at_ms"], name="groupsample_g_t_at_idx"),
+            models.Index(fields=["at_ms"], name="groupsample_at_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.group.name}/{self.topic.name}@{self.at_ms}"
+
+
+class BrokerProcess(models.Model):
+    """A broker process (server or worker) and its last heartbeat, for the overview."""
+
+    name = models.CharField(max_length=200, unique=True)  # host:pid
+    kind = models.CharField(max_length=20)  # server | worker
+    version = models.CharField(max_length=40)
+    started_ms = models.BigIntegerField()
+    heartbeat_ms = models.BigIntegerField(db_index=True)
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class RedriveJob(models.Model):
+    """A throttled redrive of dead letters in the background, with its progress."""
+
+    class State(models.TextChoices):
+        QUEUED = "queued"
+        RUNNING = "running"
+        DONE = "done"
+        FAILED = "failed"
+        CANCELLED = "cancelled"
+
+    group = models.ForeignKey(ConsumerGroup, on_delete=models.CASCADE, related_name="redrives")
+    # What it redrives: the chosen ids, or every dead letter matching topic and reason.
+    ids = models.JSONField(null=True, blank=True)
+    topic_name = models.CharField(max_length=200, null=True, blank=True)
+    reason = models.CharField(max_length=20, null=True, blank=True)
+    rate_per_second = models.PositiveIntegerField()
+    total = models.PositiveIntegerField()
+    done = models.PositiveIntegerField(default=0)
+    missing = models.PositiveIntegerField(default=0)
+    # The highest dead-letter id handled: the job resumes after it.
+    cursor_id = models.BigIntegerField(default=0)
+    state = models.CharField(max_length=12, choices=State.choices, default=State.QUEUED)
+    error = models.TextField(default="", blank=True)
+    created_by = models.CharField(max_length=200)
+    created_ms = models.BigIntegerField()
+    updated_ms = models.BigIntegerField()
+    finished_ms = models.BigIntegerField(null=True, blank=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["state", "id"], name="redrivejob_state_idx")]
+
+    def __str__(self) -> str:
+        return f"redrive {self.id} of {self.group.name}"
