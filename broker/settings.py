@@ -45,6 +45,8 @@ class Defaults:
     # Message trace events are kept this long, and purged this often.
     TRACE_RETENTION_SECONDS: int = 7 * 24 * 3600
     TRACE_PURGE_INTERVAL_SECONDS: float = 300.0
+    # Console live pages: how often a server process checks whether anything changed.
+    CONSOLE_LIVE_INTERVAL_SECONDS: float = 1.0
 
 
 _ENV_NAMES = {name: f"FERRY_{name}" for name in Defaults.__dataclass_fields__}

@@ -19,6 +19,7 @@ from django.conf import settings  # noqa: E402
 from django.core.handlers.asgi import ASGIHandler  # noqa: E402
 
 from broker import background, routing  # noqa: E402
+from dashboard import routing as dashboard_routing  # noqa: E402
 
 API_PREFIX = "/api/v1/"
 API_MIDDLEWARE = ["broker.middleware.api_json_errors"]
@@ -52,14 +53,17 @@ async def http_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     await app(scope, receive, send)
 
 
+websocket_urlpatterns = [*routing.websocket_urlpatterns, *dashboard_routing.websocket_urlpatterns]
+
 application = ProtocolTypeRouter(
     {
         "http": http_app,
         # No origin check for /ws/v1/: it authenticates by API key, never by an ambient cookie,
         # so a page on another origin can do nothing its key could not do over REST. Routes
-        # that use the session (the dashboard's) wrap themselves in AllowedHostsOriginValidator.
+        # that use the session (the console's /ws/console/) wrap themselves in
+        # AllowedHostsOriginValidator.
         # channels-stubs wants its stub-only _ExtendedURLPattern, which path() never returns.
-        "websocket": URLRouter(routing.websocket_urlpatterns),  # type: ignore[arg-type]
+        "websocket": URLRouter(websocket_urlpatterns),  # type: ignore[arg-type]
     }
 )
 

@@ -1,0 +1,109 @@
+// Ferry console: live updates over /ws/console/ (docs/console-ui.md#live-updates).
+//
+// The server sends {"type": "update", "changed": [...]} when something the pages show moved, at
+// most once a second. This script turns each into a `ferry:update` event on document.body
+// (detail: {changed}); htmx regions listen with hx-trigger="ferry:update from:body" and re-read
+// their partial. When the socket drops, #live-status says "reconnecting" and the script
+// reconnects with a growing pause; after a reconnect the page refreshes once, since updates
+// may have been missed meanwhile.
+(function () {
+  "use strict";
+  var MIN_PAUSE_MS = 500;
+  var MAX_PAUSE_MS = 10000;
+  var PING_MS = 25000;
+  var pause = MIN_PAUSE_MS;
+  var everConnected = false;
+  var pingTimer = null;
+  var lastDispatch = 0;
+  var pendingChanged = null;
+  var dispatchTimer = null;
+
+  function statusEl() {
+    return document.getElementById("live-status");
+  }
+
+  function setStatus(state) {
+    var el = statusEl();
+    if (!el) return;
+    el.textContent = state === "live" ? "live" : "reconnecting";
+    el.dataset.state = state;
+    el.classList.toggle("is-live", state === "live");
+    el.classList.toggle("is-reconnecting", state !== "live");
+  }
+
+  // At most one ferry:update a second, whatever the server sends (it already throttles).
+  function dispatch(changed) {
+    pendingChanged = (pendingChanged || []).concat(changed || []);
+    if (dispatchTimer) return;
+    var wait = Math.max(0, lastDispatch + 1000 - Date.now());
+    dispatchTimer = setTimeout(function () {
+      dispatchTimer = null;
+      lastDispatch = Date.now();
+      var detail = { changed: pendingChanged };
+      pendingChanged = null;
+      document.body.dispatchEvent(new CustomEvent("ferry:update", { detail: detail }));
+    }, wait);
+  }
+
+  function connect() {
+    var scheme = location.protocol === "https:" ? "wss://" : "ws://";
+    var socket;
+    try {
+      socket = new WebSocket(scheme + location.host + "/ws/console/");
+    } catch (e) {
+      retry();
+      return;
+    }
+    socket.onopen = function () {
+      pause = MIN_PAUSE_MS;
+      setStatus("live");
+      if (everConnected) dispatch(["reconnected"]);
+      everConnected = true;
+      pingTimer = setInterval(function () {
+        if (socket.readyState === WebSocket.OPEN) socket.send('{"type":"ping"}');
+      }, PING_MS);
+    };
+    socket.onmessage = function (event) {
+      var frame;
+      try {
+        frame = JSON.parse(event.data);
+      } catch (e) {
+        return;
+      }
+      if (frame.type === "update") dispatch(frame.changed);
+    };
+    socket.onclose = function () {
+      clearInterval(pingTimer);
+      setStatus("reconnecting");
+      retry();
+    };
+  }
+
+  function retry() {
+    setTimeout(connect, pause);
+    pause = Math.min(MAX_PAUSE_MS, pause * 2);
+  }
+
+  // Times are rendered as <time datetime="ISO UTC">; show them in the viewer's timezone.
+  function localizeTimes(root) {
+    var nodes = (root || document).querySelectorAll("time[datetime]:not([data-localized])");
+    for (var i = 0; i < nodes.length; i++) {
+      var node = nodes[i];
+      var when = new Date(node.getAttribute("datetime"));
+      if (isNaN(when.getTime())) continue;
+      node.title = node.getAttribute("datetime");
+      node.textContent = when.toLocaleString();
+      node.dataset.localized = "1";
+    }
+  }
+
+  document.addEventListener("DOMContentLoaded", function () {
+    localizeTimes(document);
+    connect();
+  });
+  // htmx swaps in new partials: localize their times too.
+  document.addEventListener("htmx:afterSettle", function (event) {
+    localizeTimes(event.target);
+  });
+  window.ferryConsole = { localizeTimes: localizeTimes };
+})();
