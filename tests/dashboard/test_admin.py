@@ -71,7 +71,7 @@ def test_admin__every_list_and_change_page_render(admin_client, data):
 
 def test_admin__names_times_and_values(admin_client, data):
     page = admin_client.get(reverse("admin:broker_message_changelist")).content.decode()
-    first = models.Message.objects.select_related("partition__topic").first()
+    first = models.Message.objects.select_related("partition__topic").order_by("id")[0]
     assert f"orders[{first.partition.number}]@{first.offset}" in page
     assert "hex: 00 01 ff" in page
     message = models.Message.objects.get(key="k1")
