@@ -163,7 +163,7 @@ def test_run_periodic_job__run_redrive_jobs(topic_factory, console):
 
 
 def test_worker_ready__the_worker_heartbeats_as_a_worker(monkeypatch):
-    started = []
+    started: list[str] = []
     monkeypatch.setattr(background, "start_heartbeat", started.append)
     worker_ready.send(sender=None)
     assert started == ["worker"]
