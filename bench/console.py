@@ -16,7 +16,7 @@ the environment names (the embedded SQLite under a temporary FERRY_DATA_DIR, or 
    changes what the pages show every second; the difference is what the live updates cost
    (target: < 5 % of a core), beside the time of one fingerprint read.
 
-    .venv/bin/python bench/dashboard.py [--scale 0.1]
+    .venv/bin/python bench/console.py [--scale 0.1]
 """
 
 import argparse
