@@ -8,6 +8,7 @@ import time
 from collections.abc import Iterable
 
 from django.db import IntegrityError, transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from broker import models
@@ -25,6 +26,11 @@ CONSOLE = Principal(name="console", is_system=True)
 # key hash -> (expires at, monotonic clock; principal): see cached_principal().
 _cache: dict[str, tuple[float, Principal]] = {}
 _cache_lock = threading.Lock()
+
+# key id -> when it last authenticated (ms), since the last flush_last_used(): kept in memory
+# so authenticating never writes; the per-process heartbeat flushes it.
+_last_used: dict[int, int] = {}
+_last_used_lock = threading.Lock()
 
 
 def parse_permission(text: str) -> Permission:
@@ -68,6 +74,11 @@ def require_superuser(principal: Principal) -> None:
     raise errors.PermissionDenied("Only an 'admin:*' key may manage API keys and groups.")
 
 
+def actor_name(principal: Principal) -> str:
+    """How the audit log and created_by name a principal: "key:<name>" for an API key."""
+    return f"key:{principal.name}" if principal.key_id is not None else principal.name
+
+
 def hash_key(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
 
@@ -88,6 +99,7 @@ def authenticate(secret: str | None) -> Principal:
         permissions=tuple(Permission(**p) for p in row["permissions"]),
         key_id=row["id"],
     )
+    note_used(row["id"])
     ttl = ferry_settings.get("AUTH_CACHE_SECONDS")
     if ttl > 0:
         with _cache_lock:
@@ -106,7 +118,35 @@ def cached_principal(secret: str | None) -> Principal | None:
     entry = _cache.get(hash_key(secret))
     if entry is None or entry[0] < time.monotonic():
         return None
+    if entry[1].key_id is not None:
+        note_used(entry[1].key_id)
     return entry[1]
+
+
+def note_used(key_id: int) -> None:
+    """Remember that a key authenticated now; flush_last_used() writes it (no database here)."""
+    now = int(time.time() * 1000)
+    with _last_used_lock:
+        _last_used[key_id] = now
+
+
+def flush_last_used() -> int:
+    """Write the remembered last-use times, at most one UPDATE per key; returns keys written."""
+    with _last_used_lock:
+        pending = dict(_last_used)
+        _last_used.clear()
+    if not pending:
+        return 0
+    written = 0
+    with transaction.atomic(durable=True):
+        for key_id, used_ms in sorted(pending.items()):
+            # Never move it back: another process may have flushed a later use.
+            written += (
+                models.ApiKey.objects.filter(id=key_id)
+                .filter(Q(last_used_ms__isnull=True) | Q(last_used_ms__lt=used_ms))
+                .update(last_used_ms=used_ms)
+            )
+    return written
 
 
 def _info(row: models.ApiKey) -> ApiKeyInfo:
@@ -117,6 +157,8 @@ def _info(row: models.ApiKey) -> ApiKeyInfo:
         permissions=tuple(Permission(**p) for p in row.permissions),
         created_at_ms=int(row.created_at.timestamp() * 1000),
         revoked=row.revoked_at is not None,
+        created_by=row.created_by,
+        last_used_ms=row.last_used_ms,
     )
 
 
@@ -138,6 +180,7 @@ def create_api_key(
                 key_hash=hash_key(secret),
                 prefix=secret[: len(KEY_PREFIX) + 6],
                 permissions=[{"action": p.action, "pattern": p.pattern} for p in perms],
+                created_by=actor_name(principal)[:200],
             )
     except IntegrityError:
         raise errors.ApiKeyExists(name=name) from None
