@@ -1,13 +1,26 @@
 """The console `manage.py ferry <noun> <verb>`, one broker/cli module per noun (docs/console.md)."""
 
+import os
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import DEFAULT_DB_ALIAS, OperationalError, connections
 
-from broker.cli import apikey, bootstrap, consume, dlq, groups, produce, scheduled, topics
+from broker.cli import (
+    apikey,
+    audit,
+    bootstrap,
+    consume,
+    dlq,
+    groups,
+    messages,
+    produce,
+    scheduled,
+    topics,
+)
 from broker.core import errors
 
-NOUNS = (topics, produce, consume, scheduled, groups, dlq, apikey, bootstrap)
+NOUNS = (topics, produce, consume, messages, scheduled, groups, dlq, apikey, audit, bootstrap)
 
 
 class Command(BaseCommand):
@@ -26,3 +39,19 @@ class Command(BaseCommand):
             options["handler"](self, options)
         except errors.BrokerError as exc:
             raise CommandError(f"{exc.code}: {exc.message}") from exc
+        except OperationalError as exc:
+            if connections[DEFAULT_DB_ALIAS].connection is not None:
+                raise  # the database opened: this is another failure, keep its traceback
+            raise CommandError(database_unreachable(exc)) from None
+
+
+def database_unreachable(exc: Exception) -> str:
+    """One line saying which database could not be opened, and why."""
+    settings = connections[DEFAULT_DB_ALIAS].settings_dict
+    if connections[DEFAULT_DB_ALIAS].vendor == "sqlite":
+        where = f"{settings['NAME']} (FERRY_DATA_DIR={os.environ.get('FERRY_DATA_DIR', 'unset')})"
+    else:
+        where = f"{settings.get('HOST') or 'localhost'}:{settings.get('PORT') or 'default'}"
+        where += f"/{settings.get('NAME')}"
+    reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return f"cannot open the database at {where}: {reason}"
