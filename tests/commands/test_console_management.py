@@ -110,6 +110,7 @@ def test_scheduled_deliver_now_and_reschedule(ferry, topic_factory):
     (result,) = log.append_messages(
         keys.CONSOLE, "orders", [NewMessage(value=b"1", delay_ms=60_000)]
     )
+    assert result.scheduled_id is not None
     sid = str(result.scheduled_id)
     out = ferry("scheduled", "reschedule", sid, "--delay-ms", "120000")
     assert out.startswith(f"scheduled message {sid} on orders is due ")
