@@ -15,6 +15,7 @@ from broker.cli import (
     groups,
     messages,
     produce,
+    remote,
     scheduled,
     topics,
 )
@@ -30,13 +31,23 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--url",
+            default=os.environ.get("FERRY_URL") or None,
+            metavar="URL",
+            help="Talk to the broker at URL over REST (key in FERRY_KEY), not to the database. "
+            "Default: FERRY_URL.",
+        )
         nouns = parser.add_subparsers(dest="noun", required=True, metavar="<noun>")
         for noun in NOUNS:
             noun.add_parser(nouns)
 
     def handle(self, *args: Any, **options: Any) -> None:
         try:
-            options["handler"](self, options)
+            if options.get("url"):
+                remote.run(self, options, options["url"])
+            else:
+                options["handler"](self, options)
         except errors.BrokerError as exc:
             raise CommandError(f"{exc.code}: {exc.message}") from exc
         except OperationalError as exc:
