@@ -7,13 +7,18 @@ import itertools
 import threading
 from collections.abc import Iterable
 
-from django.db import transaction
+from django.db import IntegrityError, transaction
 
 from broker import models
 from broker import settings as ferry_settings
 from broker.core import dbthreads, errors, events, keys, log, membership, topics
 from broker.core.groups import info
-from broker.core.records import GroupTopicOffsets, PollResult, Principal, StoredMessage
+from broker.core.records import (
+    GroupTopicOffsets,
+    PollResult,
+    Principal,
+    StoredMessage,
+)
 
 _poll_turn = itertools.count()
 _poll_turn_lock = threading.Lock()
@@ -83,6 +88,20 @@ def poll_messages(
             f"max_messages must be between 1 and {limit}.", max_messages=max_messages
         )
     topic = topic_for_consume(principal, topic_name)
+    try:
+        return _poll(group_name, topic, topic_name, max_messages, auto_commit)
+    except IntegrityError:
+        # The only rows a poll inserts are the group's offset rows: on PostgreSQL their
+        # foreign keys fail at commit when delete_group (or delete_topic) removed the group
+        # (or the partitions) meanwhile. Nothing was stored; the next poll starts afresh.
+        raise errors.GroupNotFound(
+            f"Group {group_name!r} was deleted during the poll; poll again.", group=group_name
+        ) from None
+
+
+def _poll(
+    group_name: str, topic: models.Topic, topic_name: str, max_messages: int, auto_commit: bool
+) -> PollResult:
     with transaction.atomic(durable=True):
         group = _ensure_offsets(group_name, topic)
         # Group offset locks (id order): serialize pollers and committers of this group.
@@ -219,68 +238,30 @@ def _move(row: models.GroupOffset, offset: int) -> None:
     ).delete()
 
 
-RESET_TARGETS = ("earliest", "latest", "timestamp", "offsets")
+def delete_group(principal: Principal, group_name: str, force: bool = False) -> None:
+    """Delete a group with its offsets, in-flight messages, dead letters, leases and members.
 
-
-def reset_offsets(
-    principal: Principal,
-    group_name: str,
-    topic_name: str,
-    to: str,
-    *,
-    timestamp_ms: int | None = None,
-    offsets: dict[int, int] | None = None,
-    force: bool = False,
-) -> GroupTopicOffsets:
-    """Move a group's committed offsets on a topic: to earliest, latest, a time, or given offsets.
-
-    Refused while the group has live members on the topic, unless forced (Kafka's
-    kafka-consumer-groups --reset-offsets needs an inactive group too). Replays history.
+    Refused while it has live members (heartbeat within its session timeout) unless forced;
+    forced, its members learn on their next heartbeat or poll that they are gone.
     """
+    keys.require_superuser(principal)
     validate_group_name(group_name)
-    if to not in RESET_TARGETS:
-        raise errors.InvalidRequest(f"to is one of {', '.join(RESET_TARGETS)}.", to=to)
-    if to == "timestamp" and timestamp_ms is None:
-        raise errors.InvalidRequest("Resetting to a timestamp needs timestamp_ms.")
-    if to == "offsets" and not offsets:
-        raise errors.InvalidRequest("Resetting to offsets needs at least one partition's offset.")
-    topic = topic_for_consume(principal, topic_name)
     with transaction.atomic(durable=True):
-        group = membership.locked_group(group_name)
-        if not force and models.GroupMember.objects.filter(group=group, topic=topic).exists():
-            raise errors.GroupHasMembers(group=group_name, topic=topic_name)
-        _ensure_offsets(group_name, topic)
-        # Group offset locks (id order), after the group lock; every subscriber's rows.
-        rows = list(
-            models.GroupOffset.objects.select_for_update(no_key=True)
-            .filter(group=group, partition__topic=topic)
-            .select_related("partition")
-            .order_by("id")
+        # Group lock: serializes with joins, polls and settlements of this group.
+        group = (
+            models.ConsumerGroup.objects.select_for_update(no_key=True)
+            .filter(name=group_name)
+            .first()
         )
-        wanted = offsets or {}
-        if to == "offsets":
-            numbers = {row.partition.number for row in rows}
-            for number in wanted:
-                if number not in numbers:
-                    raise errors.PartitionNotFound(topic=topic_name, partition=number)
-        for row in rows:
-            p, number = row.partition, row.partition.number
-            if to == "earliest":
-                target = p.start_offset
-            elif to == "latest":
-                target = p.next_offset
-            elif to == "timestamp":
-                target = log.offset_for_timestamp(p, timestamp_ms or 0)
-            elif number in wanted:
-                target = wanted[number]
-                if not p.start_offset <= target <= p.next_offset:
-                    raise errors.OffsetOutOfRange(
-                        f"Offset {target} is outside partition {number}'s range "
-                        f"{p.start_offset}..{p.next_offset}.",
-                        partition=number,
-                        offset=target,
-                    )
-            else:
-                continue
-            _move(row, target)
-    return info._group_topic_offsets(group_name, topic, [r for r in rows if r.subscriber == ""])
+        if group is None:
+            raise errors.GroupNotFound(group=group_name)
+        live_since = log.now_ms() - group.session_timeout_ms
+        live = models.GroupMember.objects.filter(group=group, heartbeat_ms__gte=live_since).count()
+        if live and not force:
+            raise errors.GroupHasMembers(
+                f"Group {group_name!r} has {live} live member(s); stop them or pass force.",
+                group=group_name,
+                members=live,
+            )
+        # Cascades to offsets, in-flight runs, dead letters, leases, members, samples, redrives.
+        group.delete()
