@@ -166,3 +166,10 @@ class ApiKeyExists(BrokerError):
 
     code = "api_key_exists"
     template = "An API key named {name!r} already exists."
+
+
+class MessageNotFound(BrokerError):
+    """No stored message at that position: retention or a purge removed it, or it is not yet."""
+
+    code = "message_not_found"
+    template = "Topic {topic!r} has no stored message at partition {partition}, offset {offset}."

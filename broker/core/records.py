@@ -33,6 +33,10 @@ class ApiKeyInfo:
     permissions: tuple[Permission, ...]
     created_at_ms: int
     revoked: bool
+    # "user:<username>", "key:<name>" or "console"; "" for keys made before it was recorded.
+    created_by: str = ""
+    # When the key last authenticated, to within the flush interval (keys.flush_last_used).
+    last_used_ms: int | None = None
 
 
 @dataclass(frozen=True)
@@ -40,6 +44,8 @@ class PartitionInfo:
     number: int
     start_offset: int
     end_offset: int
+    # Sum of the stored messages' size_bytes (key, value and headers; docs/semantics.md).
+    bytes_stored: int = 0
 
     @property
     def message_count(self) -> int:
@@ -60,6 +66,24 @@ class TopicInfo:
     partitions: tuple[PartitionInfo, ...] = ()
     message_ttl_ms: int | None = None
     trace: bool = False
+
+    @property
+    def bytes_stored(self) -> int:
+        """Total over the partitions."""
+        return sum(p.bytes_stored for p in self.partitions)
+
+    @property
+    def message_count(self) -> int:
+        """Messages stored now, total over the partitions (end minus start offsets)."""
+        return sum(p.message_count for p in self.partitions)
+
+
+@dataclass(frozen=True)
+class PurgeTopicResult:
+    """What purge_topic removed, and the partitions after it."""
+
+    removed: int
+    partitions: tuple[PartitionInfo, ...]
 
 
 # The three per-message records are NamedTuples, immutable like the dataclasses here but built
@@ -158,10 +182,12 @@ class PartitionLag:
     committed_offset: int
     start_offset: int
     end_offset: int
-    # Delivered and not settled, or waiting for a retry (acknowledged delivery only).
+    # Delivered to a member and not settled yet (acknowledged delivery only).
     in_flight: int = 0
     # Messages the subscription filter skipped on this partition, all time.
     filtered: int = 0
+    # Nacked or past their deadline, waiting for their retry (acknowledged delivery only).
+    retry_waiting: int = 0
 
     @property
     def lag(self) -> int:
@@ -177,9 +203,14 @@ class GroupTopicOffsets:
     # The member whose own offsets these are in broadcast mode; "" for the group's (clustering).
     subscriber: str = ""
 
+    # Every figure below but max_offset is a total: a sum over the partitions.
+
     @property
     def max_offset(self) -> int:
-        """The highest offset of any partition, -1 when the topic is empty (seed 000's maxIndex)."""
+        """Deprecated: one partition's figure (the highest end_offset - 1; -1 when empty).
+
+        Kept for seed 000's maxIndex and REST compatibility; use end_total beside the totals.
+        """
         return max((p.end_offset for p in self.partitions), default=0) - 1
 
     @property
@@ -193,6 +224,25 @@ class GroupTopicOffsets:
     @property
     def lag(self) -> int:
         return sum(p.lag for p in self.partitions)
+
+    @property
+    def in_flight(self) -> int:
+        return sum(p.in_flight for p in self.partitions)
+
+    @property
+    def retry_waiting(self) -> int:
+        return sum(p.retry_waiting for p in self.partitions)
+
+
+@dataclass(frozen=True)
+class ResetPreviewRow:
+    """What reset_offsets would do to one partition: current and target committed offsets."""
+
+    partition: int
+    current: int
+    target: int
+    # target - current: negative replays messages, positive skips them.
+    delta: int
 
 
 @dataclass(frozen=True)
@@ -332,3 +382,73 @@ class TraceInfo:
     member_id: str
     attempt: int | None
     detail: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Actor:
+    """Who asked for an audited action, and through which edge (core/audit.py)."""
+
+    name: str  # "user:<username>", "key:<keyname>" or "console"
+    source: str  # "dashboard" | "api" | "console"
+    client_ip: str = ""
+    user_agent: str = ""
+
+
+@dataclass(frozen=True)
+class AuditInfo:
+    id: int
+    at_ms: int
+    actor: str
+    source: str
+    action: str
+    target: str
+    params: dict[str, Any]
+    # "ok", or the code of the BrokerError that refused the action.
+    outcome: str
+    result: dict[str, Any]
+    client_ip: str
+    user_agent: str
+
+
+@dataclass(frozen=True)
+class AuditPage:
+    items: tuple[AuditInfo, ...]
+    # Pass as before_id for the next (older) page; None on the last page.
+    next_before_id: int | None
+
+
+@dataclass(frozen=True)
+class BrowsedMessage:
+    """A stored message as the message browser shows it."""
+
+    partition: int
+    offset: int
+    timestamp_ms: int
+    key: str | None
+    tag: str | None
+    headers: dict[str, str]
+    value: bytes
+    is_json: bool
+    client_id: str | None
+    size_bytes: int
+
+
+@dataclass(frozen=True)
+class BrowsePage:
+    items: tuple[BrowsedMessage, ...]
+    # Opaque cursors for browse_messages(cursor=...): the next page in this page's direction
+    # (older when newest first), and the page before this one, read in the other direction.
+    # None when there is nothing more that way.
+    next_cursor: str | None
+    prev_cursor: str | None
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    items: tuple[BrowsedMessage, ...]
+    # Messages read to find these; 0 for an indexed lookup.
+    scanned: int
+    # Whether every stored message was considered (False: the scan stopped at scan_limit).
+    complete: bool
+    # Whether an index answered (key, client id) instead of a scan (tag, header).
+    indexed: bool

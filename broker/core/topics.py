@@ -6,8 +6,8 @@ from django.db import IntegrityError, transaction
 
 from broker import models
 from broker import settings as ferry_settings
-from broker.core import errors, keys, membership
-from broker.core.records import PartitionInfo, Principal, TopicInfo
+from broker.core import errors, keys, log, membership
+from broker.core.records import PartitionInfo, Principal, PurgeTopicResult, TopicInfo
 
 NAME_RE = re.compile(r"[A-Za-z0-9._-]{1,200}")
 OVERFLOW_POLICIES = tuple(models.Topic.Overflow.values)
@@ -17,6 +17,15 @@ _UNSET = object()
 def validate_name(name: str) -> None:
     if not NAME_RE.fullmatch(name or ""):
         raise errors.InvalidTopicName(name=name)
+
+
+def partition_info(p: models.Partition) -> PartitionInfo:
+    return PartitionInfo(
+        number=p.number,
+        start_offset=p.start_offset,
+        end_offset=p.next_offset,
+        bytes_stored=p.bytes_stored,
+    )
 
 
 def to_info(topic: models.Topic, partitions: list[models.Partition] | None = None) -> TopicInfo:
@@ -32,10 +41,7 @@ def to_info(topic: models.Topic, partitions: list[models.Partition] | None = Non
         message_ttl_ms=topic.message_ttl_ms,
         trace=topic.trace,
         created_at_ms=int(topic.created_at.timestamp() * 1000),
-        partitions=tuple(
-            PartitionInfo(number=p.number, start_offset=p.start_offset, end_offset=p.next_offset)
-            for p in partitions or ()
-        ),
+        partitions=tuple(partition_info(p) for p in partitions or ()),
     )
 
 
@@ -230,3 +236,59 @@ def delete_topic(principal: Principal, name: str) -> None:
         deleted, _ = models.Topic.objects.filter(name=name).delete()
     if not deleted:
         raise errors.TopicNotFound(name=name)
+
+
+def purge_topic(
+    principal: Principal, name: str, up_to: dict[int, int] | None = None
+) -> PurgeTopicResult:
+    """Remove a topic's messages, all or those below up_to's offset per partition.
+
+    Advances start offsets exactly as retention does (offsets are never reused, appends go on
+    at the end offset); a group behind the new start offset reads from it (DESIGN.md: Retention).
+    Delayed messages not yet due are not in the log and stay scheduled.
+    """
+    validate_name(name)
+    keys.require(principal, name, "admin")
+    for number, offset in (up_to or {}).items():
+        if number < 0 or offset < 0:
+            raise errors.InvalidRequest(
+                "up_to maps partition numbers to offsets, both at least 0.",
+                partition=number,
+                offset=offset,
+            )
+    with transaction.atomic(durable=True):
+        topic = models.Topic.objects.filter(name=name).first()
+        if topic is None:
+            raise errors.TopicNotFound(name=name)
+        # Partition locks, in number order like appends: serialize start offset moves with
+        # appends, retention and drop_oldest; next_offset is untouched, so offsets stay gapless.
+        rows = list(
+            models.Partition.objects.select_for_update(no_key=True)
+            .filter(topic=topic)
+            .order_by("number")
+        )
+        by_number = {p.number: p for p in rows}
+        targets: dict[int, int] = {}
+        if up_to is None:
+            targets = {p.number: p.next_offset for p in rows}
+        else:
+            for number, offset in sorted(up_to.items()):
+                p = by_number.get(number)
+                if p is None:
+                    raise errors.PartitionNotFound(topic=name, partition=number)
+                if offset > p.next_offset:
+                    raise errors.OffsetOutOfRange(
+                        f"Offset {offset} is past the end of partition {number} ({p.next_offset}).",
+                        partition=number,
+                        offset=offset,
+                        end_offset=p.next_offset,
+                    )
+                targets[number] = offset
+        removed = 0
+        for number, new_start in targets.items():
+            p = by_number[number]
+            count = log.truncate(p, new_start)
+            if count:
+                p.save(update_fields=["start_offset", "bytes_stored"])
+                removed += count
+    return PurgeTopicResult(removed=removed, partitions=tuple(partition_info(p) for p in rows))

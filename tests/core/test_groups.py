@@ -2,7 +2,7 @@ import orjson
 import pytest
 
 from broker import models
-from broker.core import errors, groups, log, membership
+from broker.core import delivery, errors, groups, log, membership
 from broker.core.records import NewMessage
 
 
@@ -190,3 +190,116 @@ def test_reset_offsets__bad_input_changes_nothing(topic_factory, console):
         with pytest.raises(errors.BrokerError):
             groups.reset_offsets(console, "g", topic.name, **kwargs)
     assert groups.describe_group(console, "g").topics[0].partitions[0].committed_offset == 1
+
+
+def test_reset_offsets__shift_clamped(topic_factory, console):
+    topic = topic_factory(partitions=2)
+    produce(console, topic.name, 5, partition=0)
+    produce(console, topic.name, 2, partition=1)
+    groups.commit_offsets(console, "g", topic.name, {0: 3, 1: 1})
+    back = groups.reset_offsets(console, "g", topic.name, "shift", shift_by=-2)
+    assert [p.committed_offset for p in back.partitions] == [1, 0]
+    ahead = groups.reset_offsets(console, "g", topic.name, "shift", shift_by=3)
+    assert [p.committed_offset for p in ahead.partitions] == [4, 2]
+    with pytest.raises(errors.InvalidRequest):
+        groups.reset_offsets(console, "g", topic.name, "shift")
+
+
+@pytest.mark.parametrize(
+    ("to", "kwargs"),
+    [
+        ("earliest", {}),
+        ("latest", {}),
+        ("timestamp", {"timestamp_ms": 2000}),
+        ("offsets", {"offsets": {1: 1}}),
+        ("shift", {"shift_by": -1}),
+        ("shift", {"shift_by": 10}),
+    ],
+)
+def test_preview_reset__matches_reset_and_writes_nothing(topic_factory, console, to, kwargs):
+    topic = topic_factory(partitions=2)
+    produce(console, topic.name, 4, partition=0)
+    produce(console, topic.name, 2, partition=1)
+    models.Message.objects.filter(partition__number=0, offset__lt=2).update(timestamp_ms=1000)
+    groups.commit_offsets(console, "g", topic.name, {0: 3, 1: 1})
+    preview = groups.preview_reset(console, "g", topic.name, to, **kwargs)
+    assert groups.describe_group(console, "g").topics[0].committed_total == 4
+    done = groups.reset_offsets(console, "g", topic.name, to, **kwargs)
+    after = {p.partition: p.committed_offset for p in done.partitions}
+    assert [(r.partition, r.target) for r in preview] == [
+        (r.partition, after[r.partition]) for r in preview
+    ]
+    assert all(r.delta == r.target - r.current for r in preview)
+    if to == "offsets":
+        assert [(r.partition, r.current, r.target, r.delta) for r in preview] == [(1, 1, 1, 0)]
+
+
+def test_preview_reset__new_group_starts_at_start_offset(topic_factory, console):
+    topic = topic_factory()
+    produce(console, topic.name, 3)
+    (row,) = groups.preview_reset(console, "fresh", topic.name, "latest")
+    assert (row.current, row.target, row.delta) == (0, 3, 3)
+    assert not models.ConsumerGroup.objects.filter(name="fresh").exists()
+
+
+def test_preview_reset__bad_input(topic_factory, console, key_factory):
+    topic = topic_factory()
+    for to, kwargs, error in (
+        ("middle", {}, errors.InvalidRequest),
+        ("offsets", {"offsets": {0: 9}}, errors.OffsetOutOfRange),
+        ("offsets", {"offsets": {4: 0}}, errors.PartitionNotFound),
+    ):
+        with pytest.raises(error):
+            groups.preview_reset(console, "g", topic.name, to, **kwargs)
+    principal, _ = key_factory("produce:*")
+    with pytest.raises(errors.PermissionDenied):
+        groups.preview_reset(principal, "g", topic.name, "latest")
+
+
+def test_delete_group__removes_everything(topic_factory, console):
+    topic = topic_factory()
+    produce(console, topic.name, 3)
+    membership.join_group(console, "g", topic.name, "m")
+    delivery.deliver_messages(console, "g", topic.name, "m", 2)
+    groups.delete_group(console, "g", force=True)
+    assert not models.ConsumerGroup.objects.exists()
+    for model in (models.GroupOffset, models.InFlight, models.GroupMember, models.PartitionLease):
+        assert not model.objects.exists()
+    with pytest.raises(errors.GroupNotFound):
+        groups.describe_group(console, "g")
+
+
+def test_delete_group__refused_with_live_members(topic_factory, console):
+    topic = topic_factory()
+    membership.join_group(console, "g", topic.name, "m")
+    with pytest.raises(errors.GroupHasMembers):
+        groups.delete_group(console, "g")
+    assert models.GroupMember.objects.count() == 1
+    # A member past its session timeout is not live.
+    models.GroupMember.objects.update(heartbeat_ms=0)
+    groups.delete_group(console, "g")
+    assert not models.ConsumerGroup.objects.exists()
+
+
+def test_delete_group__errors(db, console, key_factory):
+    with pytest.raises(errors.GroupNotFound):
+        groups.delete_group(console, "nope")
+    with pytest.raises(errors.InvalidRequest):
+        groups.delete_group(console, "bad name")
+    principal, _ = key_factory("admin:orders*")
+    models.ConsumerGroup.objects.create(name="g")
+    with pytest.raises(errors.PermissionDenied):
+        groups.delete_group(principal, "g")
+    assert models.ConsumerGroup.objects.exists()
+
+
+def test_describe_group__in_flight_and_retry_waiting_apart(topic_factory, console):
+    topic = topic_factory()
+    produce(console, topic.name, 4)
+    membership.join_group(console, "g", topic.name, "m")
+    got = delivery.deliver_messages(console, "g", topic.name, "m", 3)
+    delivery.nack_messages(console, "g", [got.deliveries[0].receipt], delay_ms=60_000)
+    offsets = groups.describe_group(console, "g").topics[0]
+    p = offsets.partitions[0]
+    assert (p.in_flight, p.retry_waiting, p.lag) == (2, 1, 4)
+    assert (offsets.in_flight, offsets.retry_waiting, offsets.end_total) == (2, 1, 4)

@@ -1,7 +1,8 @@
 import pytest
 
 from broker import models
-from broker.core import errors, topics
+from broker.core import errors, groups, keys, log, topics
+from broker.core.records import NewMessage
 
 
 def test_create_topic__defaults(db, console):
@@ -82,3 +83,89 @@ def test_list_topics__filtered_by_permission(topic_factory, key_factory, console
     reader, _ = key_factory("consume:orders.*")
     assert [t.name for t in topics.list_topics(reader)] == ["orders.eu"]
     assert [t.name for t in topics.list_topics(console)] == ["billing", "orders.eu"]
+
+
+def _produce(topic, n, partition):
+    log.append_messages(
+        keys.CONSOLE, topic, [NewMessage(value=b'"x"', partition=partition) for _ in range(n)]
+    )
+
+
+def test_topic_info__bytes_and_counts(topic_factory, console):
+    topic = topic_factory(partitions=2)
+    _produce(topic.name, 3, 0)
+    _produce(topic.name, 1, 1)
+    info = topics.get_topic(console, topic.name)
+    size = models.Message.objects.first().size_bytes
+    assert [(p.message_count, p.bytes_stored) for p in info.partitions] == [
+        (3, 3 * size),
+        (1, size),
+    ]
+    assert (info.message_count, info.bytes_stored) == (4, 4 * size)
+
+
+def test_purge_topic__all(topic_factory, console):
+    topic = topic_factory(partitions=2)
+    _produce(topic.name, 3, 0)
+    _produce(topic.name, 2, 1)
+    result = topics.purge_topic(console, topic.name)
+    assert result.removed == 5
+    assert [(p.start_offset, p.end_offset, p.bytes_stored) for p in result.partitions] == [
+        (3, 3, 0),
+        (2, 2, 0),
+    ]
+    assert not models.Message.objects.exists()
+    _produce(topic.name, 1, 0)
+    assert models.Message.objects.get().offset == 3
+
+
+def test_purge_topic__up_to_offsets(topic_factory, console):
+    topic = topic_factory(partitions=2)
+    _produce(topic.name, 5, 0)
+    _produce(topic.name, 2, 1)
+    size = models.Message.objects.first().size_bytes
+    result = topics.purge_topic(console, topic.name, {0: 3})
+    assert result.removed == 3
+    assert [(p.start_offset, p.end_offset, p.bytes_stored) for p in result.partitions] == [
+        (3, 5, 2 * size),
+        (0, 2, 2 * size),
+    ]
+    # Below the start already: nothing more goes.
+    assert topics.purge_topic(console, topic.name, {0: 1}).removed == 0
+
+
+def test_purge_topic__group_behind_reads_from_new_start(topic_factory, console):
+    topic = topic_factory()
+    _produce(topic.name, 4, 0)
+    groups.commit_offsets(console, "g", topic.name, {0: 1})
+    topics.purge_topic(console, topic.name, {0: 3})
+    lag = groups.describe_group(console, "g").topics[0].partitions[0]
+    assert (lag.committed_offset, lag.lag) == (3, 1)
+    polled = groups.poll_messages(console, "g", topic.name, 10, False)
+    assert [m.offset for m in polled.messages] == [3]
+
+
+@pytest.mark.parametrize(
+    ("up_to", "error"),
+    [
+        ({0: 9}, errors.OffsetOutOfRange),
+        ({0: 1, 5: 0}, errors.PartitionNotFound),
+        ({0: -1}, errors.InvalidRequest),
+    ],
+)
+def test_purge_topic__bad_input_removes_nothing(topic_factory, console, up_to, error):
+    topic = topic_factory()
+    _produce(topic.name, 3, 0)
+    with pytest.raises(error):
+        topics.purge_topic(console, topic.name, up_to)
+    assert models.Message.objects.count() == 3
+    assert models.Partition.objects.get().start_offset == 0
+
+
+def test_purge_topic__needs_admin_and_topic(topic_factory, key_factory, console):
+    topic = topic_factory()
+    principal, _ = key_factory("produce:*", "consume:*")
+    with pytest.raises(errors.PermissionDenied):
+        topics.purge_topic(principal, topic.name)
+    with pytest.raises(errors.TopicNotFound):
+        topics.purge_topic(console, "missing")

@@ -21,10 +21,11 @@ def _group_topic_offsets(
     group_name: str,
     topic: models.Topic,
     rows: list[models.GroupOffset],
-    in_flight: dict[tuple[int, int, str], int] | None = None,
+    in_flight: dict[tuple[int, int, str, str], int] | None = None,
 ) -> GroupTopicOffsets:
     if in_flight is None:
         in_flight = _in_flight_counts({"group_id__in": {row.group_id for row in rows}})
+    delivered, waiting = models.InFlight.State.DELIVERED, models.InFlight.State.RETRY_WAIT
     return GroupTopicOffsets(
         group=group_name,
         topic=topic.name,
@@ -37,21 +38,27 @@ def _group_topic_offsets(
                 committed_offset=max(row.committed_offset, row.partition.start_offset),
                 start_offset=row.partition.start_offset,
                 end_offset=row.partition.next_offset,
-                in_flight=in_flight.get((row.group_id, row.partition_id, row.subscriber), 0),
+                in_flight=in_flight.get(
+                    (row.group_id, row.partition_id, row.subscriber, delivered), 0
+                ),
                 filtered=row.filtered_count,
+                retry_waiting=in_flight.get(
+                    (row.group_id, row.partition_id, row.subscriber, waiting), 0
+                ),
             )
             for row in sorted(rows, key=lambda r: r.partition.number)
         ),
     )
 
 
-def _in_flight_counts(group_filter: dict[str, object]) -> dict[tuple[int, int, str], int]:
+def _in_flight_counts(group_filter: dict[str, object]) -> dict[tuple[int, int, str, str], int]:
+    """Messages in InFlight rows per (group, partition, subscriber, state)."""
     return {
-        (g, p, s): n
-        for g, p, s, n in models.InFlight.objects.filter(**group_filter)
-        .values("group_id", "partition_id", "subscriber")
+        (g, p, s, state): n
+        for g, p, s, state, n in models.InFlight.objects.filter(**group_filter)
+        .values("group_id", "partition_id", "subscriber", "state")
         .annotate(n=Sum(F("last_offset") - F("offset") + 1))
-        .values_list("group_id", "partition_id", "subscriber", "n")
+        .values_list("group_id", "partition_id", "subscriber", "state", "n")
     }
 
 
