@@ -1,0 +1,186 @@
+"""Topics: the list (search, sort, pages, create) and one topic (partitions, chart, settings)."""
+
+from typing import Any
+
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import redirect
+from django.urls import reverse
+
+from broker.core import errors, groups, history, log, topics
+from dashboard import access, pages
+
+SORTS = {
+    "name": lambda t: t.name,
+    "partitions": lambda t: t.partition_count,
+    "messages": lambda t: t.message_count,
+    "bytes": lambda t: t.bytes_stored,
+    "created": lambda t: t.created_at_ms,
+}
+SORT_CHOICES = [
+    ("name", "Name"),
+    ("-messages", "Most messages"),
+    ("-bytes", "Largest"),
+    ("-partitions", "Most partitions"),
+    ("-created", "Newest"),
+]
+CHART_WINDOW_MS = 60 * 60 * 1000
+
+
+@access.console_view
+def topic_list(request: HttpRequest) -> HttpResponse:
+    rows = topics.list_topics(access.principal(request))
+    search = pages.text_param(request, "q")
+    if search:
+        rows = [t for t in rows if search.lower() in t.name.lower()]
+    sort = request.GET.get("sort", "name")
+    key = SORTS.get(sort.lstrip("-"), SORTS["name"])
+    rows.sort(key=key, reverse=sort.startswith("-"))
+    return pages.render(
+        request,
+        "console/topics.html",
+        {
+            "section": "topics",
+            "page": pages.paginate(request, rows),
+            "q": search or "",
+            "sort": sort,
+            "sort_choices": SORT_CHOICES,
+            # A column heading sorts by it; a second click reverses.
+            "sort_next": {c: f"-{c}" if sort == c else c for c in SORTS},
+            "overflow_policies": topics.OVERFLOW_POLICIES,
+        },
+    )
+
+
+def _limits(form: Any) -> dict[str, Any]:
+    """The optional limits both the create and the settings forms carry."""
+    return {
+        "retention_ms": pages.optional_int(form.get("retention_ms"), "retention_ms"),
+        "retention_bytes": pages.optional_int(form.get("retention_bytes"), "retention_bytes"),
+        "capacity": pages.optional_int(form.get("capacity"), "capacity"),
+        "message_ttl_ms": pages.optional_int(form.get("message_ttl_ms"), "message_ttl_ms"),
+    }
+
+
+@access.console_operate
+def topic_create(request: HttpRequest) -> HttpResponse:
+    name = request.POST.get("name", "").strip()
+    try:
+        params: dict[str, Any] = {
+            "partitions": pages.optional_int(request.POST.get("partitions"), "partitions"),
+            "max_message_bytes": pages.optional_int(
+                request.POST.get("max_message_bytes"), "max_message_bytes"
+            ),
+            "overflow_policy": request.POST.get("overflow_policy") or "reject",
+            "trace": request.POST.get("trace") == "on",
+            **_limits(request.POST),
+        }
+    except errors.BrokerError as exc:
+        access.flash_error(request, exc)
+        return redirect("dashboard:topics")
+    created = access.perform(
+        request,
+        "topic.create",
+        name,
+        params,
+        lambda: topics.create_topic(access.principal(request), name, **params),
+        lambda t: f"Created topic {t.name} with {t.partition_count} partitions.",
+    )
+    if created is None:
+        return redirect("dashboard:topics")
+    return redirect("dashboard:topic", name=created.name)
+
+
+def _topic_context(request: HttpRequest, name: str) -> dict[str, Any]:
+    info = topics.describe_topic(access.principal(request), name)
+    return {"topic": info}
+
+
+@access.console_view
+def topic_detail(request: HttpRequest, name: str) -> HttpResponse:
+    principal = access.principal(request)
+    context = _topic_context(request, name)
+    readers = [
+        g for g in groups.list_groups(principal) for t in g.topics if t.topic == name
+    ]
+    context.update(
+        section="topics",
+        readers=[(g, next(t for t in g.topics if t.topic == name)) for g in readers],
+        overflow_policies=topics.OVERFLOW_POLICIES,
+    )
+    return pages.render(request, "console/topic.html", context)
+
+
+@access.console_view
+def topic_live(request: HttpRequest, name: str) -> HttpResponse:
+    return pages.render(
+        request, "console/partials/topic_partitions.html", _topic_context(request, name)
+    )
+
+
+@access.console_view
+def topic_series(request: HttpRequest, name: str) -> JsonResponse:
+    """The in/out chart's data: messages appended per second, and messages stored."""
+    window = pages.int_param(request, "window_ms", CHART_WINDOW_MS, minimum=60_000)
+    points = history.topic_series(name, log.now_ms() - window)
+    return JsonResponse(
+        {
+            "x": [p.at_ms / 1000 for p in points],
+            "series": [
+                {"label": "in / s", "values": [p.in_per_s for p in points]},
+            ],
+        }
+    )
+
+
+@access.console_operate
+def topic_alter(request: HttpRequest, name: str) -> HttpResponse:
+    try:
+        params: dict[str, Any] = {
+            "partitions": pages.optional_int(request.POST.get("partitions"), "partitions"),
+            "max_message_bytes": pages.optional_int(
+                request.POST.get("max_message_bytes"), "max_message_bytes"
+            ),
+            "overflow_policy": request.POST.get("overflow_policy") or None,
+            "trace": request.POST.get("trace") == "on",
+            **_limits(request.POST),
+        }
+    except errors.BrokerError as exc:
+        access.flash_error(request, exc)
+        return redirect("dashboard:topic", name=name)
+    access.perform(
+        request,
+        "topic.alter",
+        name,
+        params,
+        lambda: topics.alter_topic(access.principal(request), name, **params),
+        lambda t: f"Saved the settings of {t.name}.",
+    )
+    return redirect("dashboard:topic", name=name)
+
+
+@access.console_operate
+def topic_purge(request: HttpRequest, name: str) -> HttpResponse:
+    access.perform(
+        request,
+        "topic.purge",
+        name,
+        {},
+        lambda: topics.purge_topic(access.principal(request), name),
+        lambda r: f"Purged {r.removed:,} messages from {name}.",
+    )
+    return redirect("dashboard:topic", name=name)
+
+
+@access.console_operate
+def topic_delete(request: HttpRequest, name: str) -> HttpResponse:
+    done = access.perform(
+        request,
+        "topic.delete",
+        name,
+        {},
+        lambda: topics.delete_topic(access.principal(request), name) or True,
+        lambda _: f"Deleted topic {name}.",
+    )
+    if done is None:
+        return redirect("dashboard:topic", name=name)
+    return redirect(reverse("dashboard:topics"))
