@@ -1,7 +1,8 @@
 """Runs core/periodic.py's jobs inside the server process: the embedded default's scheduler.
 
 See docs/architecture.md#background-jobs. In production Celery beat runs the same table and
-FERRY_BACKGROUND_IN_PROCESS=0 turns this runner off.
+FERRY_BACKGROUND_IN_PROCESS=0 turns this runner off. The process heartbeat (Heartbeat) is not a
+job of the table: every server and worker process runs its own, whatever runs the jobs.
 """
 
 import logging
@@ -11,7 +12,7 @@ import time
 from django.db import close_old_connections
 
 from broker import settings as ferry_settings
-from broker.core import periodic
+from broker.core import keys, periodic, processes
 
 logger = logging.getLogger(__name__)
 
@@ -50,15 +51,64 @@ class Runner:
             self._stop.wait(max(0.01, min(next_run.values()) - time.monotonic()))
 
 
+class Heartbeat:
+    """A daemon thread that keeps this process's row in the process table fresh.
+
+    Every FERRY_PROCESS_HEARTBEAT_SECONDS: core/processes.heartbeat, then keys.flush_last_used
+    (the keys' last-use times this process noted since the last round).
+    """
+
+    def __init__(self, kind: str = "server") -> None:
+        self.kind = kind
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="ferry-heartbeat", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        self._thread.join(timeout)
+
+    def beat(self) -> None:
+        try:
+            processes.heartbeat(self.kind)
+            keys.flush_last_used()
+        except Exception:
+            # A busy or unreachable database must not end the thread; the next round retries.
+            logger.exception("process heartbeat failed")
+        finally:
+            close_old_connections()
+
+    def _loop(self) -> None:
+        while True:
+            self.beat()
+            if self._stop.wait(float(ferry_settings.get("PROCESS_HEARTBEAT_SECONDS"))):
+                return
+
+
+_heartbeat: list[Heartbeat] = []
 _runners: list[Runner] = []
 _runners_lock = threading.Lock()
 
 
+def start_heartbeat(kind: str = "server") -> bool:
+    """Start this process's heartbeat once, unless FERRY_PROCESS_HEARTBEAT is off (tests)."""
+    if not ferry_settings.get("PROCESS_HEARTBEAT"):
+        return False
+    with _runners_lock:
+        if not _heartbeat:
+            _heartbeat.append(Heartbeat(kind))
+            _heartbeat[0].start()
+    return True
+
+
 def start() -> bool:
-    """Start this process's runners once, when FERRY_BACKGROUND_IN_PROCESS is on.
+    """Start this process's heartbeat, and its runners once when FERRY_BACKGROUND_IN_PROCESS is on.
 
     One thread per job: a long retention round must not hold back the scheduler's releases.
     """
+    start_heartbeat("server")
     if not ferry_settings.get("BACKGROUND_IN_PROCESS"):
         return False
     with _runners_lock:

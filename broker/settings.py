@@ -45,6 +45,20 @@ class Defaults:
     # Message trace events are kept this long, and purged this often.
     TRACE_RETENTION_SECONDS: int = 7 * 24 * 3600
     TRACE_PURGE_INTERVAL_SECONDS: float = 300.0
+    # History (core/history.py): sampled this often, downsampled as it ages, kept this long.
+    SAMPLE_INTERVAL_SECONDS: float = 10.0
+    SAMPLE_RETENTION_SECONDS: int = 7 * 24 * 3600
+    SAMPLE_COMPACT_INTERVAL_SECONDS: float = 60.0
+    # Broker processes (core/processes.py): every server and worker process heartbeats this
+    # often from its own thread; off in the test process, which must not write behind tests.
+    PROCESS_HEARTBEAT: bool = True
+    PROCESS_HEARTBEAT_SECONDS: float = 5.0
+    PROCESS_PURGE_INTERVAL_SECONDS: float = 3600.0
+    # Background redrives (core/redrives.py): a chunk per job this often, and the rate ceiling.
+    REDRIVE_INTERVAL_SECONDS: float = 1.0
+    MAX_REDRIVE_RATE_PER_SECOND: int = 10_000
+    # Who may read /metrics: loopback | open | key | basic:<user>:<password> (docs/metrics.md).
+    METRICS_AUTH: str = "loopback"
 
 
 _ENV_NAMES = {name: f"FERRY_{name}" for name in Defaults.__dataclass_fields__}

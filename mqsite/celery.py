@@ -3,6 +3,7 @@
 import os
 
 from celery import Celery
+from celery.signals import worker_ready
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "mqsite.settings")
 
@@ -23,3 +24,11 @@ def build_beat_schedule(sender: Celery, **kwargs: object) -> None:
         }
         for job in periodic.JOBS
     }
+
+
+@worker_ready.connect
+def start_worker_heartbeat(**kwargs: object) -> None:
+    """The worker lists itself in the process table (kind "worker") like every server does."""
+    from broker import background
+
+    background.start_heartbeat("worker")

@@ -8,6 +8,8 @@ from mqsite.settings import *  # noqa: F403
 from mqsite.settings import DATABASES
 
 FERRY_BACKGROUND_IN_PROCESS = False
+# The test process must not heartbeat (broker/background.py): it would write behind the tests.
+FERRY_PROCESS_HEARTBEAT = False
 # Core calls run on the caller's thread, so a test's transaction is visible to the API.
 FERRY_DB_THREADS = 0
 # Every request asks the database, so tests see revocations at once (tests/core/test_keys.py
@@ -30,3 +32,5 @@ if os.environ.get("FERRY_TEST_DB_NAME"):
     FERRY_AUTH_CACHE_SECONDS = 1.0
     # Off unless a test turns it on: the session's server must not run jobs over other tests.
     FERRY_BACKGROUND_IN_PROCESS = os.environ.get("FERRY_BACKGROUND_IN_PROCESS") == "1"
+    # Live servers heartbeat like production ones (tests/integration/test_processes.py).
+    FERRY_PROCESS_HEARTBEAT = True

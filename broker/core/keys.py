@@ -8,6 +8,7 @@ import time
 from collections.abc import Iterable
 
 from django.db import IntegrityError, transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from broker import models
@@ -25,6 +26,12 @@ CONSOLE = Principal(name="console", is_system=True)
 # key hash -> (expires at, monotonic clock; principal): see cached_principal().
 _cache: dict[str, tuple[float, Principal]] = {}
 _cache_lock = threading.Lock()
+
+# key id -> when this process last saw it used (ms): note_used() is a dict store on the hot
+# path, flush_last_used() writes it out every few seconds (docs/architecture.md#processes).
+_last_used: dict[int, int] = {}
+_flushed: dict[int, int] = {}
+_last_used_lock = threading.Lock()
 
 
 def parse_permission(text: str) -> Permission:
@@ -88,6 +95,7 @@ def authenticate(secret: str | None) -> Principal:
         permissions=tuple(Permission(**p) for p in row["permissions"]),
         key_id=row["id"],
     )
+    note_used(row["id"])
     ttl = ferry_settings.get("AUTH_CACHE_SECONDS")
     if ttl > 0:
         with _cache_lock:
@@ -106,7 +114,32 @@ def cached_principal(secret: str | None) -> Principal | None:
     entry = _cache.get(hash_key(secret))
     if entry is None or entry[0] < time.monotonic():
         return None
+    if entry[1].key_id is not None:
+        note_used(entry[1].key_id)
     return entry[1]
+
+
+def note_used(key_id: int) -> None:
+    """Remember that a key was used now; flush_last_used() stores it later (no database)."""
+    # One dict store: atomic under the GIL, so the hot path takes no lock.
+    _last_used[key_id] = time.time_ns() // 1_000_000
+
+
+def flush_last_used() -> int:
+    """Store the last-use times noted since the last flush: one UPDATE per key that moved."""
+    with _last_used_lock:
+        moved = {k: ms for k, ms in list(_last_used.items()) if _flushed.get(k) != ms}
+    if not moved:
+        return 0
+    with transaction.atomic(durable=True):
+        for key_id, used_ms in moved.items():
+            # Never backwards: another process may have stored a later use already.
+            models.ApiKey.objects.filter(
+                Q(last_used_ms__isnull=True) | Q(last_used_ms__lt=used_ms), id=key_id
+            ).update(last_used_ms=used_ms)
+    with _last_used_lock:
+        _flushed.update(moved)
+    return len(moved)
 
 
 def _info(row: models.ApiKey) -> ApiKeyInfo:

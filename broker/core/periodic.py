@@ -43,6 +43,15 @@ JOBS: tuple[Job, ...] = (
         "broker.core.retention.purge_produced_ids",
         "DEDUP_PURGE_INTERVAL_SECONDS",
     ),
+    Job("sample_metrics", "broker.core.history.sample_metrics", "SAMPLE_INTERVAL_SECONDS"),
+    Job(
+        "compact_samples", "broker.core.history.compact_samples", "SAMPLE_COMPACT_INTERVAL_SECONDS"
+    ),
+    Job(
+        "purge_processes",
+        "broker.core.processes.purge_processes",
+        "PROCESS_PURGE_INTERVAL_SECONDS",
+    ),
 )
 
 BY_NAME = {job.name: job for job in JOBS}

@@ -452,3 +452,100 @@ class SearchResult:
     complete: bool
     # Whether an index answered (key, client id) instead of a scan (tag, header).
     indexed: bool
+
+
+@dataclass(frozen=True)
+class TopicPoint:
+    """One history sample of a topic (core/history.py); in_per_s is None for the first."""
+
+    at_ms: int
+    end_offset_total: int
+    message_count: int
+    bytes_stored: int
+    in_per_s: float | None
+    resolution_s: int = 0
+
+
+@dataclass(frozen=True)
+class GroupPoint:
+    """One history sample of a group on a topic; sums over partitions (and broadcast members)."""
+
+    at_ms: int
+    topic: str
+    lag: int
+    committed_total: int
+    out_per_s: float | None
+    oldest_age_ms: int | None
+    in_flight: int = 0
+    resolution_s: int = 0
+
+
+@dataclass(frozen=True)
+class Rates:
+    """Messages per second over the newest samples' window: in per topic, out per group/topic."""
+
+    window_ms: int
+    in_per_s: dict[str, float]
+    out_per_s: dict[tuple[str, str], float]
+
+    @property
+    def in_total_per_s(self) -> float:
+        return sum(self.in_per_s.values())
+
+    @property
+    def out_total_per_s(self) -> float:
+        return sum(self.out_per_s.values())
+
+
+@dataclass(frozen=True)
+class LagEstimate:
+    """How far behind a group is on a topic, and when it catches up at the current rates."""
+
+    topic: str
+    lag: int
+    # Age of the oldest message the group has not consumed, at the newest sample; None: none.
+    seconds_behind: float | None
+    # Out rate minus in rate over the window: positive while the lag falls.
+    drain_rate_per_s: float
+    # None when the lag is not falling; 0.0 when there is no lag.
+    time_to_drain_s: float | None
+    at_ms: int
+
+
+@dataclass(frozen=True)
+class ProcessInfo:
+    name: str  # host:pid
+    kind: str  # server | worker
+    version: str
+    started_ms: int
+    heartbeat_ms: int
+    alive: bool
+
+
+@dataclass(frozen=True)
+class RedriveJobInfo:
+    """A throttled background redrive of dead letters (core/redrives.py) and its progress."""
+
+    id: int
+    group: str
+    topic_name: str | None
+    reason: str | None
+    # How many dead letters the job was given by id; None when it selects by topic and reason.
+    ids_count: int | None
+    rate_per_second: int
+    total: int
+    done: int
+    missing: int
+    state: str  # queued | running | done | failed | cancelled
+    error: str
+    created_by: str
+    created_ms: int
+    updated_ms: int
+    finished_ms: int | None
+
+    @property
+    def progress(self) -> float:
+        """Handled (redriven or missing) over total, 0..1; a finished job is 1."""
+        if self.state == "done" or self.total <= 0:
+            return 1.0 if self.state == "done" else 0.0
+        return min(1.0, (self.done + self.missing) / self.total)

@@ -1,0 +1,96 @@
+"""The process table: heartbeats, listing, purge, and the heartbeat thread (core/processes.py)."""
+
+import time
+import tomllib
+from pathlib import Path
+
+import broker
+from broker import background, models
+from broker.core import keys, log, processes
+
+
+def test_version__matches_pyproject():
+    pyproject = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
+    assert pyproject["project"]["version"] == broker.VERSION
+
+
+def test_heartbeat__inserts_then_refreshes(db, console):
+    processes.heartbeat()
+    row = models.BrokerProcess.objects.get()
+    assert row.name == processes.process_name()
+    assert (row.kind, row.version) == ("server", broker.VERSION)
+    models.BrokerProcess.objects.update(heartbeat_ms=1)
+    processes.heartbeat("worker")
+    again = models.BrokerProcess.objects.get()
+    assert again.heartbeat_ms > 1
+    assert again.kind == "worker"
+    assert again.started_ms == row.started_ms
+
+
+def test_list_processes__alive_and_dead(db, console):
+    now = log.now_ms()
+    models.BrokerProcess.objects.create(
+        name="h:1", kind="server", version="0.1.0", started_ms=now, heartbeat_ms=now - 1000
+    )
+    models.BrokerProcess.objects.create(
+        name="h:2", kind="worker", version="0.1.0", started_ms=now, heartbeat_ms=now - 60_000
+    )
+    listed = processes.list_processes(console)
+    assert [(p.name, p.alive) for p in listed] == [("h:1", True), ("h:2", False)]
+    assert all(p.alive for p in processes.list_processes(console, alive_within_ms=120_000))
+
+
+def test_purge_processes__forgets_a_day_dead(db):
+    now = log.now_ms()
+    for name, beat in (("old", now - processes.DAY_MS - 1), ("new", now)):
+        models.BrokerProcess.objects.create(
+            name=name, kind="server", version="0.1.0", started_ms=0, heartbeat_ms=beat
+        )
+    assert processes.purge_processes() == 1
+    assert list(models.BrokerProcess.objects.values_list("name", flat=True)) == ["new"]
+
+
+def test_flush_last_used__stores_noted_uses_once(key_factory, django_assert_num_queries):
+    keys.flush_last_used()
+    principal, _secret = key_factory("consume:*")
+    keys.note_used(principal.key_id)
+    assert keys.flush_last_used() == 1
+    stored = models.ApiKey.objects.get(id=principal.key_id).last_used_ms
+    assert stored is not None
+    with django_assert_num_queries(0):
+        assert keys.flush_last_used() == 0
+    # Never backwards: a later use stored by another process stays.
+    models.ApiKey.objects.filter(id=principal.key_id).update(last_used_ms=stored + 10**9)
+    keys._last_used[principal.key_id] = stored + 1
+    keys.flush_last_used()
+    assert models.ApiKey.objects.get(id=principal.key_id).last_used_ms == stored + 10**9
+
+
+def test_authenticate__notes_the_use(key_factory):
+    keys.flush_last_used()
+    principal, secret = key_factory("consume:*")
+    keys.authenticate(secret)
+    assert keys.flush_last_used() >= 1
+    assert models.ApiKey.objects.get(id=principal.key_id).last_used_ms is not None
+
+
+def test_start_heartbeat__off_in_tests(settings):
+    settings.FERRY_PROCESS_HEARTBEAT = False
+    assert background.start_heartbeat() is False
+
+
+def test_heartbeat_thread__beats_and_flushes(transactional_db, key_factory, settings):
+    settings.FERRY_PROCESS_HEARTBEAT_SECONDS = 0.02
+    principal, _ = key_factory("consume:*")
+    keys.note_used(principal.key_id)
+    beat = background.Heartbeat("worker")
+    beat.start()
+    try:
+        deadline = time.monotonic() + 5
+        while not models.BrokerProcess.objects.exists():
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+    finally:
+        beat.stop()
+    assert models.BrokerProcess.objects.get().kind == "worker"
+    assert models.ApiKey.objects.get(id=principal.key_id).last_used_ms is not None
