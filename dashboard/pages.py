@@ -91,3 +91,7 @@ def optional_int(value: str | None, field: str) -> int | None:
 def text_param(request: HttpRequest, name: str) -> str | None:
     value = request.GET.get(name, "").strip()
     return value or None
+
+
+def text_list(request: HttpRequest, name: str) -> list[str]:
+    return [v.strip() for v in request.GET.getlist(name) if v.strip()]

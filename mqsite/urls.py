@@ -1,6 +1,7 @@
-"""URLs: the API under /api/v1/, the dashboard at /, Django admin at /admin/."""
+"""URLs: the API under /api/v1/, the console at / (with /login/, /logout/), admin at /admin/."""
 
 from django.contrib import admin
+from django.contrib.auth import views as auth_views
 from django.urls import include, path
 from django.views.generic import RedirectView
 
@@ -10,5 +11,8 @@ urlpatterns = [
     path("api/v1/", api.urls),
     path("api/docs", RedirectView.as_view(url="/api/v1/docs", permanent=False)),
     path("admin/", admin.site.urls),
+    # The console's own sign-in page (templates/registration/login.html); logout is a POST.
+    path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=False), name="login"),
+    path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("", include("dashboard.urls")),
 ]

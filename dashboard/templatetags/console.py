@@ -99,3 +99,12 @@ def query(context: Any, **changes: Any) -> str:
             params[name] = value
     encoded = params.urlencode()
     return f"?{encoded}" if encoded else "?"
+
+
+@register.filter
+def get_item(mapping: Any, key: Any) -> Any:
+    """mapping[key], or None: for dicts keyed by a variable (a topic's lag estimate)."""
+    try:
+        return mapping.get(key)
+    except AttributeError:
+        return None

@@ -11,7 +11,7 @@ from dashboard import access, pages
 def _context(request: HttpRequest) -> dict[str, Any]:
     principal = access.principal(request)
     overview = groups.overview(principal)
-    rates = history.rates()
+    rates = history.rates(principal)
     return {
         "summary": console.summary(principal),
         "topics": [

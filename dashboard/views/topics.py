@@ -1,6 +1,7 @@
 """Topics: the list (search, sort, pages, create) and one topic (partitions, chart, settings)."""
 
 from typing import Any
+from urllib.parse import urlencode
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect
@@ -24,6 +25,8 @@ SORT_CHOICES = [
     ("-created", "Newest"),
 ]
 CHART_WINDOW_MS = 60 * 60 * 1000
+# The topic chart draws the out rate of at most this many reading groups.
+CHART_GROUPS = 5
 
 
 @access.console_view
@@ -102,7 +105,9 @@ def topic_detail(request: HttpRequest, name: str) -> HttpResponse:
     readers = [
         g for g in groups.list_groups(principal) for t in g.topics if t.topic == name
     ]
+    group_names = [g.name for g in readers][:CHART_GROUPS]
     context.update(
+        chart_query="?" + urlencode([("group", g) for g in group_names]) if group_names else "",
         section="topics",
         readers=[(g, next(t for t in g.topics if t.topic == name)) for g in readers],
         overflow_policies=topics.OVERFLOW_POLICIES,
@@ -119,17 +124,18 @@ def topic_live(request: HttpRequest, name: str) -> HttpResponse:
 
 @access.console_view
 def topic_series(request: HttpRequest, name: str) -> JsonResponse:
-    """The in/out chart's data: messages appended per second, and messages stored."""
-    window = pages.int_param(request, "window_ms", CHART_WINDOW_MS, minimum=60_000)
-    points = history.topic_series(name, log.now_ms() - window)
-    return JsonResponse(
-        {
-            "x": [p.at_ms / 1000 for p in points],
-            "series": [
-                {"label": "in / s", "values": [p.in_per_s for p in points]},
-            ],
-        }
+    """The in/out chart's data: appended per second, and each reading group's acks per second."""
+    principal = access.principal(request)
+    since_ms = log.now_ms() - pages.int_param(
+        request, "window_ms", CHART_WINDOW_MS, minimum=60_000, maximum=7 * 86_400_000
     )
+    points = history.topic_series(principal, name, since_ms)
+    x = [p.at_ms for p in points]
+    series = [{"label": "in / s", "values": [p.in_per_s for p in points]}]
+    for group in pages.text_list(request, "group")[:CHART_GROUPS]:
+        out = {g.at_ms: g.out_per_s for g in history.group_series(principal, group, name, since_ms)}
+        series.append({"label": f"{group} out / s", "values": [out.get(at) for at in x]})
+    return JsonResponse({"x": [at / 1000 for at in x], "series": series})
 
 
 @access.console_operate

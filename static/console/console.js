@@ -46,6 +46,18 @@
     askThenSubmit(form, event.submitter);
   }, true);
 
+  // A datetime-local field is the viewer's local time: send it as epoch ms in the named field.
+  document.addEventListener("submit", function (event) {
+    const form = event.target;
+    if (!(form instanceof HTMLFormElement)) return;
+    form.querySelectorAll("input[data-epoch-field]").forEach(function (input) {
+      const target = form.querySelector('input[name="' + input.dataset.epochField + '"]');
+      if (!target) return;
+      const at = input.value ? new Date(input.value) : null;
+      target.value = at && !isNaN(at) ? String(at.getTime()) : "";
+    });
+  });
+
   // "Select all" boxes tick every box named by data-select-all.
   document.addEventListener("change", function (event) {
     const box = event.target;
