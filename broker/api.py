@@ -17,6 +17,8 @@ from ninja.security import HttpBearer
 
 from broker import schemas, wire
 from broker.core import (
+    audit,
+    browse,
     dbthreads,
     delivery,
     errors,
@@ -31,9 +33,14 @@ from broker.core import (
     trace,
 )
 from broker.core.records import (
+    Actor,
+    ApiKeyInfo,
+    AuditInfo,
+    BrowsedMessage,
     GroupInfo,
     GroupTopicOffsets,
     MemberInfo,
+    PartitionInfo,
     Principal,
     SettleResult,
     TopicInfo,
@@ -52,6 +59,7 @@ STATUS_BY_CODE = {
     "group_not_found": 404,
     "api_key_not_found": 404,
     "scheduled_not_found": 404,
+    "message_not_found": 404,
     "member_not_found": 404,
     "dead_letter_not_found": 404,
     "stale_generation": 409,
@@ -196,11 +204,30 @@ def topic_out(info: TopicInfo) -> dict[str, Any]:
         "message_ttl_ms": info.message_ttl_ms,
         "trace": info.trace,
         "created_at_ms": info.created_at_ms,
-        "partition_offsets": [
-            {"partition": p.number, "start_offset": p.start_offset, "end_offset": p.end_offset}
-            for p in info.partitions
-        ],
+        "partition_offsets": [partition_out(p) for p in info.partitions],
+        "message_count": info.message_count,
+        "bytes_stored": info.bytes_stored,
     }
+
+
+def partition_out(p: PartitionInfo) -> dict[str, Any]:
+    return {
+        "partition": p.number,
+        "start_offset": p.start_offset,
+        "end_offset": p.end_offset,
+        "message_count": p.message_count,
+        "bytes_stored": p.bytes_stored,
+    }
+
+
+def actor_of(request: AuthedRequest) -> Actor:
+    """The audit log's actor for a REST call: the key, and where the request came from."""
+    return Actor(
+        name=keys.actor_name(request.auth),
+        source="api",
+        client_ip=request.META.get("REMOTE_ADDR", "") or "",
+        user_agent=request.headers.get("User-Agent", ""),
+    )
 
 
 def group_topic_out(offsets: GroupTopicOffsets) -> dict[str, Any]:
@@ -210,10 +237,16 @@ def group_topic_out(offsets: GroupTopicOffsets) -> dict[str, Any]:
         # Broadcast mode: each member has offsets of its own; "" is the group's.
         "member": offsets.subscriber or None,
         "capacity": offsets.capacity,
+        # Deprecated: max_offset is one partition's figure; committed_offset and end_offset
+        # are the totals' old names. Every other figure here is a total over the partitions.
         "max_offset": offsets.max_offset,
         "committed_offset": offsets.committed_total,
         "end_offset": offsets.end_total,
+        "end_total": offsets.end_total,
+        "committed_total": offsets.committed_total,
         "lag": offsets.lag,
+        "in_flight": offsets.in_flight,
+        "retry_waiting": offsets.retry_waiting,
         "partitions": [
             {
                 "partition": p.partition,
@@ -222,6 +255,7 @@ def group_topic_out(offsets: GroupTopicOffsets) -> dict[str, Any]:
                 "end_offset": p.end_offset,
                 "lag": p.lag,
                 "in_flight": p.in_flight,
+                "retry_waiting": p.retry_waiting,
                 "filtered": p.filtered,
             }
             for p in offsets.partitions
@@ -266,17 +300,23 @@ def list_topics(request: AuthedRequest) -> list[dict[str, Any]]:
 
 @api.post("/topics", response={201: schemas.TopicOut}, tags=["topics"])
 def create_topic(request: AuthedRequest, body: schemas.TopicIn) -> Status[dict[str, Any]]:
-    info = topics.create_topic(
-        request.auth,
+    info = audit.audited(
+        actor_of(request),
+        "topic.create",
         body.name,
-        body.partitions,
-        retention_ms=body.retention_ms,
-        retention_bytes=body.retention_bytes,
-        max_message_bytes=body.max_message_bytes,
-        capacity=body.capacity,
-        overflow_policy=body.overflow_policy,
-        message_ttl_ms=body.message_ttl_ms,
-        trace=body.trace,
+        body.model_dump(exclude={"name"}),
+        lambda: topics.create_topic(
+            request.auth,
+            body.name,
+            body.partitions,
+            retention_ms=body.retention_ms,
+            retention_bytes=body.retention_bytes,
+            max_message_bytes=body.max_message_bytes,
+            capacity=body.capacity,
+            overflow_policy=body.overflow_policy,
+            message_ttl_ms=body.message_ttl_ms,
+            trace=body.trace,
+        ),
     )
     return Status(201, topic_out(info))
 
@@ -289,14 +329,41 @@ def get_topic(request: AuthedRequest, name: str) -> dict[str, Any]:
 @api.patch("/topics/{name}", response=schemas.TopicOut, tags=["topics"])
 def alter_topic(request: AuthedRequest, name: str, body: schemas.TopicPatch) -> dict[str, Any]:
     changes = body.model_dump(exclude_unset=True)
-    info = topics.alter_topic(request.auth, name, **changes)
+    info = audit.audited(
+        actor_of(request),
+        "topic.alter",
+        name,
+        changes,
+        lambda: topics.alter_topic(request.auth, name, **changes),
+    )
     return topic_out(info)
 
 
 @api.delete("/topics/{name}", response={204: None}, tags=["topics"])
 def delete_topic(request: AuthedRequest, name: str) -> Status[None]:
-    topics.delete_topic(request.auth, name)
+    audit.audited(
+        actor_of(request), "topic.delete", name, {}, lambda: topics.delete_topic(request.auth, name)
+    )
     return Status(204, None)
+
+
+@api.post("/topics/{name}/purge", response=schemas.PurgeTopicOut, tags=["topics"])
+def purge_topic(
+    request: AuthedRequest, name: str, body: schemas.PurgeTopicIn | None = None
+) -> dict[str, Any]:
+    up_to = body.up_to if body is not None else None
+    result = audit.audited(
+        actor_of(request),
+        "topic.purge",
+        name,
+        {"up_to": {str(p): o for p, o in up_to.items()} if up_to is not None else None},
+        lambda: topics.purge_topic(request.auth, name, up_to),
+        lambda r: {"removed": r.removed},
+    )
+    return {
+        "removed": result.removed,
+        "partition_offsets": [partition_out(p) for p in result.partitions],
+    }
 
 
 @api.post("/topics/{name}/messages", response=schemas.ProduceOut, tags=["messages"])
@@ -316,6 +383,45 @@ async def produce(request: AuthedRequest, name: str, body: schemas.ProduceIn) ->
                 }
                 for r in results
             ]
+        }
+    )
+
+
+def browsed_out(m: BrowsedMessage) -> dict[str, Any]:
+    return {
+        "partition": m.partition,
+        "offset": m.offset,
+        "timestamp_ms": m.timestamp_ms,
+        "key": m.key,
+        "tag": m.tag,
+        "headers": m.headers,
+        "id": m.client_id,
+        "size_bytes": m.size_bytes,
+        **wire.value_fields(m.value, m.is_json),
+    }
+
+
+@api.get("/topics/{name}/messages", response=schemas.MessageLookupOut, tags=["messages"])
+async def lookup_messages(
+    request: AuthedRequest,
+    name: str,
+    key: str | None = Query(None, max_length=1024),
+    id: str | None = Query(None, max_length=200),
+    partition: int | None = Query(None, ge=0, le=INT32_MAX),
+    limit: int = Query(50, ge=0, le=INT32_MAX),
+) -> HttpResponse:
+    # Async like produce on this path (Ninja cannot mix sync and async operations on a path).
+    result = await dbthreads.run(
+        lambda: browse.search_messages(
+            request.auth, name, key=key, client_id=id, partition=partition, limit=limit
+        )
+    )
+    return json_response(
+        {
+            "messages": [browsed_out(m) for m in result.items],
+            "indexed": result.indexed,
+            "scanned": result.scanned,
+            "complete": result.complete,
         }
     )
 
@@ -383,9 +489,49 @@ def list_scheduled(
 def cancel_scheduled(
     request: AuthedRequest, scheduled_id: int = Path(..., ge=0, le=INT64_MAX)
 ) -> HttpResponse:
-    return json_response(
-        wire.scheduled_out(scheduling.cancel_scheduled(request.auth, scheduled_id))
+    info = audit.audited(
+        actor_of(request),
+        "scheduled.cancel",
+        str(scheduled_id),
+        {},
+        lambda: scheduling.cancel_scheduled(request.auth, scheduled_id),
+        lambda i: {"topic": i.topic},
     )
+    return json_response(wire.scheduled_out(info))
+
+
+@api.post(
+    "/scheduled/{scheduled_id}/deliver_now", response=schemas.ScheduledOut, tags=["scheduled"]
+)
+def deliver_now(
+    request: AuthedRequest, scheduled_id: int = Path(..., ge=0, le=INT64_MAX)
+) -> HttpResponse:
+    info = audit.audited(
+        actor_of(request),
+        "scheduled.deliver_now",
+        str(scheduled_id),
+        {},
+        lambda: scheduling.deliver_now(request.auth, scheduled_id),
+        lambda i: {"topic": i.topic, "deliver_at_ms": i.deliver_at_ms},
+    )
+    return json_response(wire.scheduled_out(info))
+
+
+@api.post("/scheduled/{scheduled_id}/reschedule", response=schemas.ScheduledOut, tags=["scheduled"])
+def reschedule_scheduled(
+    request: AuthedRequest,
+    body: schemas.RescheduleIn,
+    scheduled_id: int = Path(..., ge=0, le=INT64_MAX),
+) -> HttpResponse:
+    info = audit.audited(
+        actor_of(request),
+        "scheduled.reschedule",
+        str(scheduled_id),
+        {"deliver_at_ms": body.deliver_at_ms},
+        lambda: scheduling.reschedule_scheduled(request.auth, scheduled_id, body.deliver_at_ms),
+        lambda i: {"topic": i.topic},
+    )
+    return json_response(wire.scheduled_out(info))
 
 
 @api.post("/groups/{group}/poll", response=schemas.PollOut, tags=["groups"])
@@ -516,8 +662,15 @@ def redrive_dead_letters(
     request: AuthedRequest, group: str, body: schemas.DeadLetterSelectionIn
 ) -> dict[str, Any]:
     # ids is None exactly when the body selects all (the schema's rule).
-    result = retries.redrive_dead_letters(
-        request.auth, group, body.ids, topic_name=body.topic, reason=body.reason
+    result = audit.audited(
+        actor_of(request),
+        "dlq.redrive",
+        group,
+        body.model_dump(),
+        lambda: retries.redrive_dead_letters(
+            request.auth, group, body.ids, topic_name=body.topic, reason=body.reason
+        ),
+        lambda r: {"redriven": r.redriven, "missing": len(r.missing)},
     )
     return {"redriven": result.redriven, "missing": list(result.missing)}
 
@@ -526,8 +679,15 @@ def redrive_dead_letters(
 def purge_dead_letters(
     request: AuthedRequest, group: str, body: schemas.DeadLetterSelectionIn
 ) -> dict[str, Any]:
-    purged = retries.purge_dead_letters(
-        request.auth, group, body.ids, topic_name=body.topic, reason=body.reason
+    purged = audit.audited(
+        actor_of(request),
+        "dlq.purge",
+        group,
+        body.model_dump(),
+        lambda: retries.purge_dead_letters(
+            request.auth, group, body.ids, topic_name=body.topic, reason=body.reason
+        ),
+        lambda n: {"purged": n},
     )
     return {"purged": purged}
 
@@ -581,31 +741,78 @@ def leave_group(request: AuthedRequest, group: str, member_id: str) -> Status[No
 
 @api.patch("/groups/{group}", response=schemas.GroupOut, tags=["groups"])
 def configure_group(request: AuthedRequest, group: str, body: schemas.GroupPatch) -> dict[str, Any]:
-    info = membership.configure_group(
-        request.auth,
+    info = audit.audited(
+        actor_of(request),
+        "group.configure",
         group,
-        strategy=body.strategy,
-        session_timeout_ms=body.session_timeout_ms,
-        mode=body.mode,
-        ordered=body.ordered,
-        ack_deadline_ms=body.ack_deadline_ms,
-        max_attempts=body.max_attempts,
-        retry_delays_ms=body.retry_delays_ms,
+        body.model_dump(exclude_unset=True),
+        lambda: membership.configure_group(
+            request.auth,
+            group,
+            strategy=body.strategy,
+            session_timeout_ms=body.session_timeout_ms,
+            mode=body.mode,
+            ordered=body.ordered,
+            ack_deadline_ms=body.ack_deadline_ms,
+            max_attempts=body.max_attempts,
+            retry_delays_ms=body.retry_delays_ms,
+        ),
     )
     return group_out(info)
 
 
-@api.post("/groups/{group}/reset", response=schemas.GroupTopicOut, tags=["groups"])
+@api.delete("/groups/{group}", response={204: None}, tags=["groups"])
+def delete_group(request: AuthedRequest, group: str, force: bool = False) -> Status[None]:
+    audit.audited(
+        actor_of(request),
+        "group.delete",
+        group,
+        {"force": force},
+        lambda: groups.delete_group(request.auth, group, force=force),
+    )
+    return Status(204, None)
+
+
+@api.post(
+    "/groups/{group}/reset",
+    response=schemas.GroupTopicOut | schemas.ResetPreviewOut,
+    tags=["groups"],
+)
 def reset(request: AuthedRequest, group: str, body: schemas.ResetIn) -> dict[str, Any]:
     offsets = {o.partition: o.offset for o in body.offsets or []}
-    result = groups.reset_offsets(
-        request.auth,
-        group,
-        body.topic,
-        body.to,
-        timestamp_ms=body.timestamp_ms,
-        offsets=offsets,
-        force=body.force,
+    if body.dry_run:
+        # A preview changes nothing, so it is not audited.
+        preview = groups.preview_reset(
+            request.auth,
+            group,
+            body.topic,
+            body.to,
+            timestamp_ms=body.timestamp_ms,
+            offsets=offsets,
+            shift_by=body.shift_by,
+        )
+        return {
+            "group": group,
+            "topic": body.topic,
+            "dry_run": True,
+            "partitions": [dataclasses.asdict(row) for row in preview],
+        }
+    result = audit.audited(
+        actor_of(request),
+        "group.reset",
+        f"{group}/{body.topic}",
+        body.model_dump(exclude={"dry_run"}),
+        lambda: groups.reset_offsets(
+            request.auth,
+            group,
+            body.topic,
+            body.to,
+            timestamp_ms=body.timestamp_ms,
+            offsets=offsets,
+            shift_by=body.shift_by,
+            force=body.force,
+        ),
+        lambda r: {"committed_total": r.committed_total, "lag": r.lag},
     )
     return group_topic_out(result)
 
@@ -627,3 +834,75 @@ def overview(request: AuthedRequest) -> dict[str, Any]:
         "topics": [topic_out(t) for t in result.topics],
         "groups": [group_topic_out(g) for g in result.groups],
     }
+
+
+def api_key_out(info: ApiKeyInfo) -> dict[str, Any]:
+    return {
+        "name": info.name,
+        "prefix": info.prefix,
+        "permissions": [str(p) for p in info.permissions],
+        "created_at_ms": info.created_at_ms,
+        "created_by": info.created_by,
+        "last_used_ms": info.last_used_ms,
+        "revoked": info.revoked,
+    }
+
+
+@api.get("/keys", response=list[schemas.ApiKeyOut], tags=["keys"])
+def list_api_keys(request: AuthedRequest) -> list[dict[str, Any]]:
+    return [api_key_out(k) for k in keys.list_api_keys(request.auth)]
+
+
+@api.post("/keys", response={201: schemas.ApiKeyCreatedOut}, tags=["keys"])
+def create_api_key(request: AuthedRequest, body: schemas.ApiKeyIn) -> Status[dict[str, Any]]:
+    def create() -> tuple[ApiKeyInfo, str]:
+        permissions = [keys.parse_permission(text) for text in body.permissions]
+        return keys.create_api_key(request.auth, body.name, permissions)
+
+    info, secret = audit.audited(
+        actor_of(request),
+        "key.create",
+        body.name,
+        {"permissions": body.permissions},
+        create,
+        lambda created: {"prefix": created[0].prefix},
+    )
+    return Status(201, {**api_key_out(info), "secret": secret})
+
+
+@api.delete("/keys/{name}", response=schemas.ApiKeyOut, tags=["keys"])
+def revoke_api_key(request: AuthedRequest, name: str) -> dict[str, Any]:
+    info = audit.audited(
+        actor_of(request),
+        "key.revoke",
+        name,
+        {},
+        lambda: keys.revoke_api_key(request.auth, name),
+    )
+    return api_key_out(info)
+
+
+def audit_out(info: AuditInfo) -> dict[str, Any]:
+    return dataclasses.asdict(info)
+
+
+@api.get("/audit", response=schemas.AuditPageOut, tags=["audit"])
+def list_audit(
+    request: AuthedRequest,
+    actor: str | None = None,
+    action: str | None = None,
+    source: str | None = None,
+    target: str | None = None,
+    before_id: int | None = Query(None, ge=0, le=INT64_MAX),
+    limit: int = Query(50, ge=0, le=INT32_MAX),
+) -> dict[str, Any]:
+    page = audit.list_audit(
+        request.auth,
+        actor=actor,
+        action=action,
+        source=source,
+        target_contains=target,
+        before_id=before_id,
+        limit=limit,
+    )
+    return {"items": [audit_out(e) for e in page.items], "next_before_id": page.next_before_id}

@@ -74,6 +74,8 @@ class PartitionOut(Schema):
     partition: int
     start_offset: int
     end_offset: int
+    message_count: int = Field(0, description="Stored now: end_offset - start_offset.")
+    bytes_stored: int = Field(0, description="Size of the stored messages (key, value, headers).")
 
 
 class TopicOut(Schema):
@@ -87,6 +89,21 @@ class TopicOut(Schema):
     message_ttl_ms: int | None
     trace: bool
     created_at_ms: int
+    partition_offsets: list[PartitionOut]
+    message_count: int = Field(0, description="Total over the partitions.")
+    bytes_stored: int = Field(0, description="Total over the partitions.")
+
+
+class PurgeTopicIn(In):
+    up_to: dict[int, int] | None = Field(
+        None,
+        examples=[{"0": 10}],
+        description="Per partition, remove the messages below this offset; left out: all.",
+    )
+
+
+class PurgeTopicOut(Schema):
+    removed: int
     partition_offsets: list[PartitionOut]
 
 
@@ -360,10 +377,28 @@ class ResetIn(In):
     """Where to move the group's committed offsets on topic (Kafka's --reset-offsets)."""
 
     topic: str
-    to: Literal["earliest", "latest", "timestamp", "offsets"]
+    to: Literal["earliest", "latest", "timestamp", "offsets", "shift"]
     timestamp_ms: int | None = None
     offsets: list[PartitionOffsetIn] | None = None
+    shift_by: int | None = Field(
+        None, description='With to "shift": move each committed offset by this (negative replays).'
+    )
     force: bool = False
+    dry_run: bool = Field(False, description="Answer what would move, and move nothing.")
+
+
+class ResetPreviewRowOut(Schema):
+    partition: int
+    current: int = Field(description="The committed offset now.")
+    target: int = Field(description="The committed offset after the reset.")
+    delta: int = Field(description="target - current: negative replays, positive skips.")
+
+
+class ResetPreviewOut(Schema):
+    group: str
+    topic: str
+    dry_run: bool
+    partitions: list[ResetPreviewRowOut]
 
 
 class PartitionLagOut(Schema):
@@ -372,7 +407,8 @@ class PartitionLagOut(Schema):
     start_offset: int
     end_offset: int
     lag: int
-    in_flight: int = Field(description="Delivered and not settled, or waiting for a retry.")
+    in_flight: int = Field(description="Delivered to a member and not settled yet.")
+    retry_waiting: int = Field(0, description="Nacked or past their deadline, waiting to retry.")
     filtered: int = Field(description="Messages the subscription filter skipped, all time.")
 
 
@@ -383,10 +419,16 @@ class GroupTopicOut(Schema):
         description="Broadcast mode: the member these offsets are its own; else null."
     )
     capacity: int | None
-    max_offset: int
-    committed_offset: int
-    end_offset: int
-    lag: int
+    max_offset: int = Field(
+        description="Deprecated, one partition's figure: the highest end_offset - 1 (-1: empty)."
+    )
+    committed_offset: int = Field(description="Deprecated name of committed_total.")
+    end_offset: int = Field(description="Deprecated name of end_total.")
+    end_total: int = Field(0, description="Total over partitions of end_offset.")
+    committed_total: int = Field(0, description="Total over partitions of committed_offset.")
+    lag: int = Field(description="Total over partitions of lag.")
+    in_flight: int = Field(0, description="Total over partitions of in_flight.")
+    retry_waiting: int = Field(0, description="Total over partitions of retry_waiting.")
     partitions: list[PartitionLagOut]
 
 
@@ -526,3 +568,56 @@ class TraceOut(Schema):
     partition: int
     offset: int
     events: list[TraceEventOut]
+
+
+class BrowsedMessageOut(MessageOut):
+    size_bytes: int
+
+
+class MessageLookupOut(Schema):
+    messages: list[BrowsedMessageOut]
+    indexed: bool = Field(description="An index answered (key, id); nothing was scanned.")
+    scanned: int = Field(description="Messages a scan read (0 when indexed).")
+    complete: bool = Field(description="Every stored message was considered.")
+
+
+class ApiKeyIn(In):
+    name: str = Field(min_length=1, max_length=200)
+    permissions: list[str] = Field(min_length=1, examples=[["produce:orders.*"]])
+
+
+class ApiKeyOut(Schema):
+    name: str
+    prefix: str
+    permissions: list[str]
+    created_at_ms: int
+    created_by: str
+    last_used_ms: int | None
+    revoked: bool
+
+
+class ApiKeyCreatedOut(ApiKeyOut):
+    secret: str = Field(description="Shown once: send as Authorization: Bearer <secret>.")
+
+
+class RescheduleIn(In):
+    deliver_at_ms: int = Field(ge=0, le=2**63 - 1, description="The new due time, ms since 1970.")
+
+
+class AuditEntryOut(Schema):
+    id: int
+    at_ms: int
+    actor: str
+    source: str
+    action: str
+    target: str
+    params: dict[str, Any]
+    outcome: str
+    result: dict[str, Any]
+    client_ip: str
+    user_agent: str
+
+
+class AuditPageOut(Schema):
+    items: list[AuditEntryOut]
+    next_before_id: int | None = Field(description="Pass as before_id for older entries.")

@@ -27,10 +27,9 @@ CONSOLE = Principal(name="console", is_system=True)
 _cache: dict[str, tuple[float, Principal]] = {}
 _cache_lock = threading.Lock()
 
-# key id -> when this process last saw it used (ms): note_used() is a dict store on the hot
-# path, flush_last_used() writes it out every few seconds (docs/architecture.md#processes).
+# key id -> when it last authenticated (ms), since the last flush_last_used(): kept in memory
+# so authenticating never writes; the per-process heartbeat flushes it.
 _last_used: dict[int, int] = {}
-_flushed: dict[int, int] = {}
 _last_used_lock = threading.Lock()
 
 
@@ -73,6 +72,11 @@ def require_superuser(principal: Principal) -> None:
     ):
         return
     raise errors.PermissionDenied("Only an 'admin:*' key may manage API keys and groups.")
+
+
+def actor_name(principal: Principal) -> str:
+    """How the audit log and created_by name a principal: "key:<name>" for an API key."""
+    return f"key:{principal.name}" if principal.key_id is not None else principal.name
 
 
 def hash_key(secret: str) -> str:
@@ -120,26 +124,29 @@ def cached_principal(secret: str | None) -> Principal | None:
 
 
 def note_used(key_id: int) -> None:
-    """Remember that a key was used now; flush_last_used() stores it later (no database)."""
-    # One dict store: atomic under the GIL, so the hot path takes no lock.
-    _last_used[key_id] = time.time_ns() // 1_000_000
+    """Remember that a key authenticated now; flush_last_used() writes it (no database here)."""
+    now = int(time.time() * 1000)
+    with _last_used_lock:
+        _last_used[key_id] = now
 
 
 def flush_last_used() -> int:
-    """Store the last-use times noted since the last flush: one UPDATE per key that moved."""
+    """Write the remembered last-use times, at most one UPDATE per key; returns keys written."""
     with _last_used_lock:
-        moved = {k: ms for k, ms in list(_last_used.items()) if _flushed.get(k) != ms}
-    if not moved:
+        pending = dict(_last_used)
+        _last_used.clear()
+    if not pending:
         return 0
+    written = 0
     with transaction.atomic(durable=True):
-        for key_id, used_ms in moved.items():
-            # Never backwards: another process may have stored a later use already.
-            models.ApiKey.objects.filter(
-                Q(last_used_ms__isnull=True) | Q(last_used_ms__lt=used_ms), id=key_id
-            ).update(last_used_ms=used_ms)
-    with _last_used_lock:
-        _flushed.update(moved)
-    return len(moved)
+        for key_id, used_ms in sorted(pending.items()):
+            # Never move it back: another process may have flushed a later use.
+            written += (
+                models.ApiKey.objects.filter(id=key_id)
+                .filter(Q(last_used_ms__isnull=True) | Q(last_used_ms__lt=used_ms))
+                .update(last_used_ms=used_ms)
+            )
+    return written
 
 
 def _info(row: models.ApiKey) -> ApiKeyInfo:
@@ -150,6 +157,8 @@ def _info(row: models.ApiKey) -> ApiKeyInfo:
         permissions=tuple(Permission(**p) for p in row.permissions),
         created_at_ms=int(row.created_at.timestamp() * 1000),
         revoked=row.revoked_at is not None,
+        created_by=row.created_by,
+        last_used_ms=row.last_used_ms,
     )
 
 
@@ -171,6 +180,7 @@ def create_api_key(
                 key_hash=hash_key(secret),
                 prefix=secret[: len(KEY_PREFIX) + 6],
                 permissions=[{"action": p.action, "pattern": p.pattern} for p in perms],
+                created_by=actor_name(principal)[:200],
             )
     except IntegrityError:
         raise errors.ApiKeyExists(name=name) from None

@@ -10,6 +10,7 @@ import logging
 from collections import defaultdict
 
 from django.db import transaction
+from django.db.models import BigIntegerField, Count, ExpressionWrapper, F, Max, QuerySet
 
 from broker import models
 from broker import settings as ferry_settings
@@ -203,6 +204,122 @@ def cancel_scheduled(principal: Principal, scheduled_id: int) -> ScheduledInfo:
         info = _info(row, row.topic.name)
         row.delete()
     return info
+
+
+def _consumable_topics(principal: Principal, topic_name: str | None) -> dict[int, str]:
+    """Topic ids and names the principal may consume: one topic's, or every visible one."""
+    if topic_name is not None:
+        topic = topics.get_topic(principal, topic_name, "consume")
+        return {topic.id: topic.name}
+    return {
+        tid: name
+        for tid, name in models.Topic.objects.values_list("id", "name")
+        if keys.allows(principal, name, "consume")
+    }
+
+
+def _scheduled_rows(
+    principal: Principal, topic_name: str | None
+) -> tuple[dict[int, str], "QuerySet[models.ScheduledMessage]"]:
+    visible = _consumable_topics(principal, topic_name)
+    rows = models.ScheduledMessage.objects.all()
+    if topic_name is not None or not principal.is_system:
+        rows = rows.filter(topic_id__in=visible)
+    return visible, rows
+
+
+def list_all_scheduled(
+    principal: Principal,
+    topic_name: str | None = None,
+    limit: int = 100,
+    after_id: int | None = None,
+) -> list[ScheduledInfo]:
+    """Scheduled messages of every topic the principal may consume (or one), soonest first."""
+    max_limit = ferry_settings.get("MAX_FETCH_MESSAGES")
+    if not 1 <= limit <= max_limit:
+        raise errors.InvalidRequest(f"limit must be between 1 and {max_limit}.", limit=limit)
+    visible, rows = _scheduled_rows(principal, topic_name)
+    rows = rows.order_by("due_ms", "id")
+    if after_id is not None:
+        after = rows.filter(id=after_id).first()
+        if after is not None:
+            rows = rows.filter(due_ms__gte=after.due_ms).exclude(
+                due_ms=after.due_ms, id__lte=after.id
+            )
+    return [_info(row, visible.get(row.topic_id, "")) for row in rows[:limit]]
+
+
+def count_scheduled(principal: Principal, topic_name: str | None = None) -> int:
+    """How many messages are scheduled on the topics the principal may consume (or one)."""
+    _, rows = _scheduled_rows(principal, topic_name)
+    return rows.count()
+
+
+def due_histogram(
+    principal: Principal, topic_name: str | None = None, buckets: int = 24
+) -> list[tuple[int, int]]:
+    """(bucket start ms, count) from now to the latest due time; overdue rows count in the first.
+
+    Empty when nothing is scheduled. Buckets are equal, at least 1 ms wide.
+    """
+    if not 1 <= buckets <= 1000:
+        raise errors.InvalidRequest("buckets must be between 1 and 1000.", buckets=buckets)
+    _, rows = _scheduled_rows(principal, topic_name)
+    latest = rows.aggregate(latest=Max("due_ms"))["latest"]
+    if latest is None:
+        return []
+    now = log.now_ms()
+    width = max(1, -(-(latest - now + 1) // buckets))
+    counts = [0] * buckets
+    overdue = rows.filter(due_ms__lt=now).count()
+    bucketed = (
+        rows.filter(due_ms__gte=now)
+        .annotate(
+            bucket=ExpressionWrapper((F("due_ms") - now) / width, output_field=BigIntegerField())
+        )
+        .values("bucket")
+        .annotate(n=Count("id"))
+        .values_list("bucket", "n")
+    )
+    for bucket, n in bucketed:
+        counts[min(int(bucket), buckets - 1)] += n
+    counts[0] += overdue
+    return [(now + i * width, counts[i]) for i in range(buckets)]
+
+
+def _change_due(principal: Principal, scheduled_id: int, due: int) -> ScheduledInfo:
+    with transaction.atomic(durable=True):
+        row = (
+            models.ScheduledMessage.objects.select_related("topic")
+            # Message lock (SKIP LOCKED): a row being released right now counts as gone.
+            .select_for_update(skip_locked=True, of=("self",))
+            .filter(id=scheduled_id)
+            .first()
+        )
+        if row is None:
+            raise errors.ScheduledNotFound(id=scheduled_id)
+        keys.require(principal, row.topic.name, "produce")
+        row.due_ms = due
+        row.save(update_fields=["due_ms"])
+        return _info(row, row.topic.name)
+
+
+def deliver_now(principal: Principal, scheduled_id: int) -> ScheduledInfo:
+    """Make a scheduled message due now: release_due appends it within its interval."""
+    return _change_due(principal, scheduled_id, log.now_ms())
+
+
+def reschedule_scheduled(principal: Principal, scheduled_id: int, due_ms: int) -> ScheduledInfo:
+    """Move a scheduled message's due time; bounded like a produce's delay (MAX_DELAY_SECONDS)."""
+    now = log.now_ms()
+    limit_ms = ferry_settings.get("MAX_DELAY_SECONDS") * 1000
+    if due_ms < 0 or due_ms - now > limit_ms:
+        raise errors.InvalidRequest(
+            f"due_ms is milliseconds since 1970, at most {limit_ms // 1000} s from now.",
+            due_ms=due_ms,
+            max_delay_seconds=limit_ms // 1000,
+        )
+    return _change_due(principal, scheduled_id, due_ms)
 
 
 def release_due(batch_size: int = 1000) -> int:

@@ -31,9 +31,10 @@ def test_list_topics__by_name(api_client, topic_factory):
     assert response.status_code == 200
     assert names(response) == ["audit", "payments"]
     assert response.json()[1]["partition_offsets"] == [
-        {"partition": 0, "start_offset": 0, "end_offset": 0},
-        {"partition": 1, "start_offset": 0, "end_offset": 0},
+        {"partition": 0, "start_offset": 0, "end_offset": 0, "message_count": 0, "bytes_stored": 0},
+        {"partition": 1, "start_offset": 0, "end_offset": 0, "message_count": 0, "bytes_stored": 0},
     ]
+    assert (response.json()[1]["message_count"], response.json()[1]["bytes_stored"]) == (0, 0)
 
 
 def test_create_topic__created(api_client):

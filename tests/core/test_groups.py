@@ -244,13 +244,14 @@ def test_preview_reset__new_group_starts_at_start_offset(topic_factory, console)
 
 def test_preview_reset__bad_input(topic_factory, console, key_factory):
     topic = topic_factory()
-    for to, kwargs, error in (
-        ("middle", {}, errors.InvalidRequest),
-        ("offsets", {"offsets": {0: 9}}, errors.OffsetOutOfRange),
-        ("offsets", {"offsets": {4: 0}}, errors.PartitionNotFound),
-    ):
+    cases: list[tuple[str, dict[int, int] | None, type[errors.BrokerError]]] = [
+        ("middle", None, errors.InvalidRequest),
+        ("offsets", {0: 9}, errors.OffsetOutOfRange),
+        ("offsets", {4: 0}, errors.PartitionNotFound),
+    ]
+    for to, offsets, error in cases:
         with pytest.raises(error):
-            groups.preview_reset(console, "g", topic.name, to, **kwargs)
+            groups.preview_reset(console, "g", topic.name, to, offsets=offsets)
     principal, _ = key_factory("produce:*")
     with pytest.raises(errors.PermissionDenied):
         groups.preview_reset(principal, "g", topic.name, "latest")

@@ -71,3 +71,26 @@ def test_revoke_api_key__clears_this_process_cache(db, console, settings):
     assert keys.cached_principal(secret) is None
     with pytest.raises(errors.Unauthenticated):
         keys.authenticate(secret)
+
+
+def test_create_api_key__records_creator(db, console, key_factory):
+    info, _ = keys.create_api_key(console, "by-console", [keys.parse_permission("produce:*")])
+    assert (info.created_by, info.last_used_ms) == ("console", None)
+    admin, _ = key_factory("admin:*", name="root")
+    info, _ = keys.create_api_key(admin, "by-key", [keys.parse_permission("produce:*")])
+    assert info.created_by == "key:root"
+
+
+def test_flush_last_used__written_once_per_key(db, console, settings, django_assert_num_queries):
+    settings.FERRY_AUTH_CACHE_SECONDS = 60
+    keys.flush_last_used()
+    _, secret = keys.create_api_key(console, "k", [keys.parse_permission("produce:*")])
+    keys.authenticate(secret)
+    assert keys.cached_principal(secret) is not None
+    assert models.ApiKey.objects.get().last_used_ms is None  # nothing written on the hot path
+    with django_assert_num_queries(3):  # savepoint, one UPDATE, release
+        assert keys.flush_last_used() == 1
+    used = models.ApiKey.objects.get().last_used_ms
+    assert used is not None
+    assert keys.list_api_keys(console)[0].last_used_ms == used
+    assert keys.flush_last_used() == 0

@@ -165,3 +165,74 @@ def test_append_messages__delayed_id_repeated_in_one_batch(topic_factory, consol
     assert (first.duplicate, again.duplicate) == (False, True)
     assert again.scheduled_id == first.scheduled_id
     assert models.ScheduledMessage.objects.count() == 1
+
+
+def _schedule(principal, topic_name, *delays_ms):
+    results = log.append_messages(
+        principal, topic_name, [delayed(i, delay_ms=d) for i, d in enumerate(delays_ms)]
+    )
+    return [r.scheduled_id for r in results]
+
+
+def test_list_all_scheduled__visible_topics_soonest_first(topic_factory, console, key_factory):
+    a, b = topic_factory(name="a.one"), topic_factory(name="b.two")
+    _schedule(console, a.name, 30_000, 10_000)
+    _schedule(console, b.name, 20_000)
+    every = scheduling.list_all_scheduled(console)
+    assert [(s.topic, s.value) for s in every] == [
+        ("a.one", b"1"),
+        ("b.two", b"0"),
+        ("a.one", b"0"),
+    ]
+    page = scheduling.list_all_scheduled(console, limit=2)
+    rest = scheduling.list_all_scheduled(console, limit=2, after_id=page[-1].id)
+    assert [s.id for s in page + rest] == [s.id for s in every]
+    assert [s.topic for s in scheduling.list_all_scheduled(console, "b.two")] == ["b.two"]
+    principal, _ = key_factory("consume:a.*")
+    assert {s.topic for s in scheduling.list_all_scheduled(principal)} == {"a.one"}
+    assert scheduling.count_scheduled(principal) == 2
+    assert scheduling.count_scheduled(console) == 3
+    with pytest.raises(errors.PermissionDenied):
+        scheduling.list_all_scheduled(principal, "b.two")
+    with pytest.raises(errors.InvalidRequest):
+        scheduling.list_all_scheduled(console, limit=0)
+
+
+def test_due_histogram__buckets_to_latest(topic_factory, console, monkeypatch):
+    topic = topic_factory()
+    assert scheduling.due_histogram(console) == []
+    ids = _schedule(console, topic.name, 1, 2, 3, 4, 5)
+    for sid, due in zip(ids, (5, 1_000_000, 1_000_100, 1_000_500, 1_000_999), strict=True):
+        models.ScheduledMessage.objects.filter(id=sid).update(due_ms=due)  # 5: overdue
+    monkeypatch.setattr(log, "now_ms", lambda: 1_000_000)
+    histogram = scheduling.due_histogram(console, buckets=4)
+    assert histogram == [(1_000_000, 3), (1_000_250, 0), (1_000_500, 1), (1_000_750, 1)]
+    with pytest.raises(errors.InvalidRequest):
+        scheduling.due_histogram(console, buckets=0)
+
+
+def test_deliver_now__released_on_next_tick(topic_factory, console, key_factory):
+    topic = topic_factory()
+    (sid,) = _schedule(console, topic.name, 3_600_000)
+    consumer, _ = key_factory(f"consume:{topic.name}")
+    with pytest.raises(errors.PermissionDenied):
+        scheduling.deliver_now(consumer, sid)
+    info = scheduling.deliver_now(console, sid)
+    assert info.deliver_at_ms <= log.now_ms()
+    assert scheduling.release_due() == 1
+    assert end_offsets(topic.name) == [1]
+    with pytest.raises(errors.ScheduledNotFound):
+        scheduling.deliver_now(console, sid)
+
+
+def test_reschedule_scheduled__bounded(topic_factory, console):
+    topic = topic_factory()
+    (sid,) = _schedule(console, topic.name, 60_000)
+    later = log.now_ms() + 120_000
+    assert scheduling.reschedule_scheduled(console, sid, later).deliver_at_ms == later
+    for bad in (-1, log.now_ms() + 10**12):
+        with pytest.raises(errors.InvalidRequest):
+            scheduling.reschedule_scheduled(console, sid, bad)
+    assert models.ScheduledMessage.objects.get().due_ms == later
+    with pytest.raises(errors.ScheduledNotFound):
+        scheduling.reschedule_scheduled(console, sid + 1, later)

@@ -96,7 +96,7 @@ def test_topic_info__bytes_and_counts(topic_factory, console):
     _produce(topic.name, 3, 0)
     _produce(topic.name, 1, 1)
     info = topics.get_topic(console, topic.name)
-    size = models.Message.objects.first().size_bytes
+    size = models.Message.objects.all()[0].size_bytes
     assert [(p.message_count, p.bytes_stored) for p in info.partitions] == [
         (3, 3 * size),
         (1, size),
@@ -123,7 +123,7 @@ def test_purge_topic__up_to_offsets(topic_factory, console):
     topic = topic_factory(partitions=2)
     _produce(topic.name, 5, 0)
     _produce(topic.name, 2, 1)
-    size = models.Message.objects.first().size_bytes
+    size = models.Message.objects.all()[0].size_bytes
     result = topics.purge_topic(console, topic.name, {0: 3})
     assert result.removed == 3
     assert [(p.start_offset, p.end_offset, p.bytes_stored) for p in result.partitions] == [
