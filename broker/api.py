@@ -27,6 +27,7 @@ from broker.core import (
     keys,
     log,
     membership,
+    redrives,
     retries,
     scheduling,
     topics,
@@ -42,6 +43,7 @@ from broker.core.records import (
     MemberInfo,
     PartitionInfo,
     Principal,
+    RedriveJobInfo,
     SettleResult,
     TopicInfo,
 )
@@ -62,6 +64,7 @@ STATUS_BY_CODE = {
     "message_not_found": 404,
     "member_not_found": 404,
     "dead_letter_not_found": 404,
+    "redrive_job_not_found": 404,
     "stale_generation": 409,
     "group_has_members": 409,
     "topic_exists": 409,
@@ -690,6 +693,54 @@ def purge_dead_letters(
         lambda n: {"purged": n},
     )
     return {"purged": purged}
+
+
+# Redrive jobs: the throttled background redrive (core/redrives.py, docs/api.md#redrive-jobs).
+
+
+def redrive_job_out(job: RedriveJobInfo) -> dict[str, Any]:
+    out = dataclasses.asdict(job)
+    out["topic"] = out.pop("topic_name")
+    out["progress"] = job.progress
+    return out
+
+
+@api.post(
+    "/groups/{group}/dlq/redrive-jobs",
+    response={202: schemas.RedriveJobOut, 200: schemas.RedriveCountOut},
+    tags=["dead letters"],
+)
+def start_redrive(
+    request: AuthedRequest, group: str, body: schemas.RedriveJobIn
+) -> Status[dict[str, Any]]:
+    if body.dry_run:
+        count = redrives.count_redrive(
+            request.auth, group, body.ids, topic_name=body.topic, reason=body.reason
+        )
+        return Status(200, {"count": count})
+    job = redrives.start_redrive(
+        request.auth,
+        group,
+        body.ids,
+        topic_name=body.topic,
+        reason=body.reason,
+        rate_per_second=body.rate_per_second,
+    )
+    return Status(202, redrive_job_out(job))
+
+
+@api.get("/redrive-jobs/{job_id}", response=schemas.RedriveJobOut, tags=["dead letters"])
+def get_redrive(
+    request: AuthedRequest, job_id: int = Path(..., ge=0, le=INT64_MAX)
+) -> dict[str, Any]:
+    return redrive_job_out(redrives.get_redrive(request.auth, job_id))
+
+
+@api.delete("/redrive-jobs/{job_id}", response=schemas.RedriveJobOut, tags=["dead letters"])
+def cancel_redrive(
+    request: AuthedRequest, job_id: int = Path(..., ge=0, le=INT64_MAX)
+) -> dict[str, Any]:
+    return redrive_job_out(redrives.cancel_redrive(request.auth, job_id))
 
 
 @api.get(

@@ -554,6 +554,45 @@ class PurgeOut(Schema):
     purged: int
 
 
+# Redrive jobs (core/redrives.py): a redrive in the background, throttled, with progress.
+
+
+class RedriveJobIn(DeadLetterSelectionIn):
+    rate_per_second: int = Field(
+        500,
+        ge=1,
+        description="Letters per second at most (capped by FERRY_MAX_REDRIVE_RATE_PER_SECOND).",
+    )
+    dry_run: bool = Field(False, description="Only count the letters the job would take.")
+
+
+class RedriveCountOut(Schema):
+    count: int
+
+
+class RedriveJobOut(Schema):
+    id: int
+    group: str
+    topic: str | None
+    reason: str | None
+    ids_count: int | None = Field(
+        description="Letters named by id; null for a selection by filter."
+    )
+    rate_per_second: int
+    total: int = Field(description="Letters selected when the job started.")
+    done: int = Field(description="Letters redriven so far.")
+    missing: int = Field(
+        description="Letters whose message is gone (left in the queue, or purged)."
+    )
+    state: str = Field(description="queued, running, done, failed or cancelled.")
+    error: str
+    progress: float = Field(description="(done + missing) / total, 0 to 1.")
+    created_by: str
+    created_ms: int
+    updated_ms: int
+    finished_ms: int | None
+
+
 class TraceEventOut(Schema):
     at_ms: int
     event: str

@@ -130,6 +130,13 @@ class DeadLetterNotFound(BrokerError):
     template = "Group {group!r} has no dead letter {id}."
 
 
+class RedriveJobNotFound(BrokerError):
+    """No redrive job has that id (or it is not this key's to see)."""
+
+    code = "redrive_job_not_found"
+    template = "No redrive job {id}."
+
+
 class TopicFull(BrokerError):
     """The partition is at the topic's capacity and its overflow policy is reject."""
 

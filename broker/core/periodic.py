@@ -52,6 +52,7 @@ JOBS: tuple[Job, ...] = (
         "broker.core.processes.purge_processes",
         "PROCESS_PURGE_INTERVAL_SECONDS",
     ),
+    Job("run_redrive_jobs", "broker.core.redrives.run_redrive_jobs", "REDRIVE_INTERVAL_SECONDS"),
 )
 
 BY_NAME = {job.name: job for job in JOBS}

@@ -264,13 +264,19 @@ def _info(letter: models.DeadLetter) -> DeadLetterInfo:
     )
 
 
-def _selected(
+def select_dead_letters(
     principal: Principal,
     group_name: str,
-    ids: list[int] | None,
-    topic_name: str | None,
-    reason: str | None,
+    ids: list[int] | None = None,
+    *,
+    topic_name: str | None = None,
+    reason: str | None = None,
 ) -> QuerySet[models.DeadLetter]:
+    """The dead letters a redrive or purge would act on, checked like them (core/redrives.py).
+
+    ids names letters (DeadLetterNotFound if one is not in the queue or not visible); None
+    selects all that match topic and reason on the topics principal may consume.
+    """
     letters = _letters(principal, group_name, topic_name, reason)
     if ids is None:
         return letters
@@ -298,71 +304,87 @@ def redrive_dead_letters(
     """
     now = log.now_ms()
     with transaction.atomic(durable=True):
-        letters = list(_selected(principal, group_name, ids, topic_name, reason).order_by("id"))
-        if not letters:
-            return RedriveResult(redriven=0)
-        group = letters[0].group
-        partitions = {
-            (p.topic_id, p.number): p
-            for p in models.Partition.objects.filter(
-                topic_id__in={letter.topic_id for letter in letters}
+        letters = list(
+            select_dead_letters(
+                principal, group_name, ids, topic_name=topic_name, reason=reason
+            ).order_by("id")
+        )
+        result, topic_ids = redrive_in_transaction(principal, letters, now)
+    for topic_id in topic_ids:
+        delivery.wake(topic_id)
+    return result
+
+
+def redrive_in_transaction(
+    principal: Principal, letters: list[models.DeadLetter], now: int
+) -> tuple[RedriveResult, set[int]]:
+    """Redrive these letters of one group (select_related group); caller holds the transaction.
+
+    Takes the group offset locks. Returns the result and the topics whose waiting consumers to
+    wake (delivery.wake) after commit.
+    """
+    if not letters:
+        return RedriveResult(redriven=0), set()
+    group = letters[0].group
+    partitions = {
+        (p.topic_id, p.number): p
+        for p in models.Partition.objects.filter(
+            topic_id__in={letter.topic_id for letter in letters}
+        )
+    }
+    keys_ = {
+        (group.id, partitions[(letter.topic_id, letter.partition_number)].id, letter.subscriber)
+        for letter in letters
+        if (letter.topic_id, letter.partition_number) in partitions
+    }
+    offsets = delivery.locked_offsets(keys_)
+    redriven, missing, rows, events, done = 0, [], [], [], []
+    token = delivery.new_token()
+    for letter in letters:
+        p = partitions.get((letter.topic_id, letter.partition_number))
+        position = offsets.get((group.id, p.id, letter.subscriber)) if p else None
+        if p is None or letter.offset < p.start_offset or position is None:
+            missing.append(letter.id)
+            continue
+        done.append(letter.id)
+        redriven += 1
+        events.append(
+            trace.event(
+                letter.topic_id,
+                letter.partition_number,
+                letter.offset,
+                "redriven",
+                group=group.name,
+                at_ms=now,
+                by=principal.name,
+                dead_letter_id=letter.id,
             )
-        }
-        keys_ = {
-            (group.id, partitions[(letter.topic_id, letter.partition_number)].id, letter.subscriber)
-            for letter in letters
-            if (letter.topic_id, letter.partition_number) in partitions
-        }
-        offsets = delivery.locked_offsets(keys_)
-        redriven, missing, rows, events, done = 0, [], [], [], []
-        token = delivery.new_token()
-        for letter in letters:
-            p = partitions.get((letter.topic_id, letter.partition_number))
-            position = offsets.get((group.id, p.id, letter.subscriber)) if p else None
-            if p is None or letter.offset < p.start_offset or position is None:
-                missing.append(letter.id)
-                continue
-            done.append(letter.id)
-            redriven += 1
-            events.append(
-                trace.event(
-                    letter.topic_id,
-                    letter.partition_number,
-                    letter.offset,
-                    "redriven",
-                    group=group.name,
-                    at_ms=now,
-                    by=principal.name,
-                    dead_letter_id=letter.id,
-                )
+        )
+        # At or past the delivered offset it is delivered again anyway, as a new message.
+        if letter.offset >= position.delivered_offset:
+            continue
+        rows.append(
+            models.InFlight(
+                group=group,
+                partition=p,
+                subscriber=letter.subscriber,
+                offset=letter.offset,
+                last_offset=letter.offset,
+                state=models.InFlight.State.RETRY_WAIT,
+                member_id="",
+                token=token,
+                attempt=0,
+                deadline_ms=now,
             )
-            # At or past the delivered offset it is delivered again anyway, as a new message.
-            if letter.offset >= position.delivered_offset:
-                continue
-            rows.append(
-                models.InFlight(
-                    group=group,
-                    partition=p,
-                    subscriber=letter.subscriber,
-                    offset=letter.offset,
-                    last_offset=letter.offset,
-                    state=models.InFlight.State.RETRY_WAIT,
-                    member_id="",
-                    token=token,
-                    attempt=0,
-                    deadline_ms=now,
-                )
-            )
-        # A message already back in flight (redriven twice) keeps its row.
-        models.InFlight.objects.bulk_create(rows, ignore_conflicts=True)
-        models.DeadLetter.objects.filter(id__in=done).delete()
-        trace.record(events)
-        delivery.recompute_committed(offsets)
-    if redriven:
-        topic_ids = {letter.topic_id for letter in letters if letter.id in set(done)}
-        for topic_id in topic_ids:
-            delivery.wake(topic_id)
-    return RedriveResult(redriven=redriven, missing=tuple(missing))
+        )
+    # A message already back in flight (redriven twice) keeps its row.
+    models.InFlight.objects.bulk_create(rows, ignore_conflicts=True)
+    models.DeadLetter.objects.filter(id__in=done).delete()
+    trace.record(events)
+    delivery.recompute_committed(offsets)
+    done_ids = set(done)
+    woken = {letter.topic_id for letter in letters if letter.id in done_ids}
+    return RedriveResult(redriven=redriven, missing=tuple(missing)), woken
 
 
 def purge_dead_letters(
@@ -375,5 +397,7 @@ def purge_dead_letters(
 ) -> int:
     """Delete dead letters for good: a selection (ids) or all that match; returns how many."""
     with transaction.atomic(durable=True):
-        count, _ = _selected(principal, group_name, ids, topic_name, reason).delete()
+        count, _ = select_dead_letters(
+            principal, group_name, ids, topic_name=topic_name, reason=reason
+        ).delete()
     return int(count)

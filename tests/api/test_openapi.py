@@ -25,6 +25,8 @@ ENDPOINTS = {
     "/api/v1/groups/{group}/dlq": {"get"},
     "/api/v1/groups/{group}/dlq/redrive": {"post"},
     "/api/v1/groups/{group}/dlq/purge": {"post"},
+    "/api/v1/groups/{group}/dlq/redrive-jobs": {"post"},
+    "/api/v1/redrive-jobs/{job_id}": {"get", "delete"},
     "/api/v1/overview": {"get"},
 }
 
