@@ -12,7 +12,8 @@ from typing import Any, TypeVar
 from django.contrib import messages
 from django.contrib.auth.views import redirect_to_login
 from django.core.exceptions import PermissionDenied
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest
+from django.http.response import HttpResponseBase
 from django.shortcuts import render
 from django.views.decorators.http import require_POST
 
@@ -29,10 +30,11 @@ NOT_FOUND = (
     errors.ScheduledNotFound,
     errors.DeadLetterNotFound,
     errors.ApiKeyNotFound,
+    errors.RedriveJobNotFound,
 )
 OPERATE = "broker.operate_console"
 
-View = Callable[..., HttpResponse]
+View = Callable[..., HttpResponseBase]
 T = TypeVar("T")
 
 
@@ -47,7 +49,7 @@ def can_operate(user: Any) -> bool:
 def _guard(check: Callable[[Any], bool]) -> Callable[[View], View]:
     def decorator(view: View) -> View:
         @wraps(view)
-        def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
             if not request.user.is_authenticated:
                 return redirect_to_login(request.get_full_path())
             if not check(request.user):
@@ -55,7 +57,11 @@ def _guard(check: Callable[[Any], bool]) -> Callable[[View], View]:
             try:
                 return view(request, *args, **kwargs)
             except NOT_FOUND as exc:
-                response = render(request, "console/not_found.html", {"message": exc.message, "can_operate": can_operate(request.user)})
+                response = render(
+                    request,
+                    "console/not_found.html",
+                    {"message": exc.message, "can_operate": can_operate(request.user)},
+                )
                 response.status_code = 404
                 return response
 

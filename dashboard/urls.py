@@ -42,7 +42,9 @@ urlpatterns = [
     path("scheduled/<int:id>/cancel/", scheduled.scheduled_cancel, name="scheduled-cancel"),
     path("scheduled/<int:id>/deliver/", scheduled.scheduled_deliver, name="scheduled-deliver"),
     path(
-        "scheduled/<int:id>/reschedule/", scheduled.scheduled_reschedule, name="scheduled-reschedule"
+        "scheduled/<int:id>/reschedule/",
+        scheduled.scheduled_reschedule,
+        name="scheduled-reschedule",
     ),
     # Dead letters and redrives
     path("dead-letters/", dead_letters.dead_letter_list, name="dead-letters"),

@@ -108,3 +108,23 @@ def get_item(mapping: Any, key: Any) -> Any:
         return mapping.get(key)
     except AttributeError:
         return None
+
+
+@register.filter
+def decoded(value: Any) -> str:
+    """Bytes as text for a preview; binary shows its size instead."""
+    if not isinstance(value, bytes | bytearray | memoryview):
+        return str(value)
+    raw = bytes(value)
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return f"({len(raw):,} bytes of binary)"
+
+
+@register.filter
+def dictquery(values: Any) -> str:
+    """A dict of filters as a query string, leaving out the empty ones."""
+    from urllib.parse import urlencode
+
+    return urlencode({k: v for k, v in dict(values).items() if v not in (None, "")})

@@ -1,4 +1,4 @@
-"""The message browser: pages by partition, offset or time, searches, one message, export, produce."""
+"""The message browser: pages by partition, offset or time; search; one message; export; produce."""
 
 import base64
 import binascii
@@ -9,6 +9,7 @@ from urllib.parse import urlencode
 
 import orjson
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
+from django.http.response import HttpResponseBase
 from django.shortcuts import redirect
 
 from broker.core import browse, errors, log, topics, trace
@@ -43,7 +44,9 @@ def _search(request: HttpRequest, name: str, partition: int | None) -> Any:
         header_name, _, header_value = text.partition("=")
         conditions: dict[str, Any] = {"header": (header_name.strip(), header_value.strip())}
     else:
-        conditions = {{"id": "client_id"}.get(field, field if field in SEARCH_FIELDS else "key"): text}
+        conditions = {
+            {"id": "client_id"}.get(field, field if field in SEARCH_FIELDS else "key"): text
+        }
     return browse.search_messages(
         access.principal(request), name, partition=partition, limit=PAGE_SIZE, **conditions
     )
@@ -112,9 +115,8 @@ def _cursor_links(request: HttpRequest, page: Any) -> dict[str, str | None]:
     return {
         "next_url": link(page.next_cursor),
         "prev_url": link(page.prev_cursor),
-        "first_url": "?" + urlencode(
-            {k: v for k, v in request.GET.items() if k in ("partition", "order") and v}
-        )
+        "first_url": "?"
+        + urlencode({k: v for k, v in request.GET.items() if k in ("partition", "order") and v})
         if request.GET.get("cursor")
         else None,
     }
@@ -156,11 +158,10 @@ def message_detail(request: HttpRequest, name: str, partition: int, offset: int)
 
 
 @access.console_view
-def message_export(request: HttpRequest, name: str) -> HttpResponse:
+def message_export(request: HttpRequest, name: str) -> HttpResponseBase:
     """A range (partition, from and to offsets) or a key / id / tag search as JSON lines."""
     field, text = request.GET.get("field", ""), request.GET.get("q", "")
-    search = {{"id": "client_id"}.get(field, field): text} if text and field in SEARCH_FIELDS else {}
-    search.pop("header", None)
+    searched = text if text and field in ("key", "id", "tag") else None
     try:
         lines = browse.export_messages(
             access.principal(request),
@@ -168,7 +169,9 @@ def message_export(request: HttpRequest, name: str) -> HttpResponse:
             partition=pages.optional_int(request.GET.get("partition"), "partition"),
             from_offset=pages.optional_int(request.GET.get("from_offset"), "from_offset"),
             to_offset=pages.optional_int(request.GET.get("to_offset"), "to_offset"),
-            **search,
+            key=searched if field == "key" else None,
+            client_id=searched if field == "id" else None,
+            tag=searched if field == "tag" else None,
         )
     except errors.BrokerError as exc:
         if isinstance(exc, errors.TopicNotFound):
@@ -232,8 +235,10 @@ def message_produce(request: HttpRequest, name: str) -> HttpResponse:
         name,
         params,
         lambda: log.append_messages(access.principal(request), name, [message]),
-        lambda r: f"Produced a test message to {name}: partition {r[0].partition}, "
-        f"offset {r[0].offset}{' (duplicate id)' if r[0].duplicate else ''}.",
+        lambda r: (
+            f"Produced a test message to {name}: partition {r[0].partition}, "
+            f"offset {r[0].offset}{' (duplicate id)' if r[0].duplicate else ''}."
+        ),
     )
     if results and results[0].partition is not None and results[0].offset is not None:
         return redirect(

@@ -19,13 +19,13 @@
 
   // Every form with data-confirm asks first, in a <dialog> (#confirm-ok / #confirm-cancel).
   let confirmed = null;
-  function askThenSubmit(form, submitter) {
+  function askThenSubmit(form, submitter, message) {
     const dialog = document.getElementById("confirm-dialog");
     if (!dialog || typeof dialog.showModal !== "function") {
-      if (window.confirm(form.dataset.confirm)) submitConfirmed(form, submitter);
+      if (window.confirm(message)) submitConfirmed(form, submitter);
       return;
     }
-    document.getElementById("confirm-message").textContent = form.dataset.confirm;
+    document.getElementById("confirm-message").textContent = message;
     dialog.returnValue = "";
     dialog.onclose = function () {
       if (dialog.returnValue === "ok") submitConfirmed(form, submitter);
@@ -39,11 +39,13 @@
   }
   document.addEventListener("submit", function (event) {
     const form = event.target;
-    if (!(form instanceof HTMLFormElement) || !form.dataset.confirm) return;
+    if (!(form instanceof HTMLFormElement)) return;
+    const message = (event.submitter && event.submitter.dataset.confirm) || form.dataset.confirm;
+    if (!message) return;
     if (confirmed === form) { confirmed = null; return; }
     event.preventDefault();
     event.stopImmediatePropagation();
-    askThenSubmit(form, event.submitter);
+    askThenSubmit(form, event.submitter, message);
   }, true);
 
   // A datetime-local field is the viewer's local time: send it as epoch ms in the named field.
@@ -57,6 +59,15 @@
       target.value = at && !isNaN(at) ? String(at.getTime()) : "";
     });
   });
+
+  // A live region is not refreshed while the operator is working in it: boxes ticked, a
+  // details panel open, or a field focused. Used in hx-trigger filters.
+  window.ferryCanRefresh = function (id) {
+    const el = document.getElementById(id);
+    if (!el) return false;
+    if (el.querySelector("input[type=checkbox]:checked, details[open]")) return false;
+    return !el.contains(document.activeElement) || document.activeElement === document.body;
+  };
 
   // "Select all" boxes tick every box named by data-select-all.
   document.addEventListener("change", function (event) {
