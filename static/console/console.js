@@ -90,7 +90,11 @@
       .then(function (data) {
         if (!data) return;
         const empty = entry.el.querySelector(".chart-empty");
-        if (empty) empty.hidden = data.x.length > 0;
+        const drawable = data.series.some(function (s) {
+          return s.values.filter(function (v) { return v !== null; }).length > 1;
+        });
+        if (empty) empty.hidden = drawable;
+        if (!drawable) return;
         const rows = [data.x].concat(data.series.map(function (s) { return s.values; }));
         if (entry.plot && entry.labels === data.series.map(function (s) { return s.label; }).join()) {
           entry.plot.setData(rows);

@@ -1,4 +1,7 @@
-"""Fixtures for the console's edge tests: signed-in users of each role and a broker with data."""
+"""Fixtures for the console's edge tests: signed-in users of each role and a broker with data.
+
+pytest-django's admin_client is the superuser (both permissions).
+"""
 
 from collections.abc import Callable
 from typing import Any
@@ -31,13 +34,6 @@ def user_client(db: None) -> Callable[..., Client]:
 def operator(user_client: Callable[..., Client]) -> Client:
     """A staff user with the operate permission (which implies view)."""
     return user_client("olga", perms=("operate_console",))
-
-
-@pytest.fixture
-def admin_client(db: None) -> Client:  # noqa: PT004
-    client = Client()
-    client.force_login(User.objects.create_superuser("root", password="pw"))
-    return client
 
 
 @pytest.fixture
@@ -76,4 +72,7 @@ def broker_data(api_client: Client, topic_factory: Callable[..., Any]) -> dict[s
     )
     letters = api_client.get("/api/v1/groups/g/dlq").json()["items"]
     scheduled = api_client.get("/api/v1/topics/orders/scheduled").json()
-    return {"letters": [d["id"] for d in letters], "scheduled": [s["id"] for s in scheduled["scheduled"]]}
+    return {
+        "letters": [d["id"] for d in letters],
+        "scheduled": [s["id"] for s in scheduled["scheduled"]],
+    }
