@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from django.db.models import Count, F, Sum
 
 from broker import models
-from broker.core import keys
-from broker.core.records import Principal
+from broker.core import groups, keys
+from broker.core.records import GroupTopicOffsets, Principal
 
 
 @dataclass(frozen=True)
@@ -26,6 +26,29 @@ class ConsoleSummary:
     members: int
     dead_letters: int
     scheduled: int
+
+
+@dataclass(frozen=True)
+class GroupSummary:
+    """A row of the groups list: offsets per topic, and how many members and dead letters."""
+
+    name: str
+    topics: tuple[GroupTopicOffsets, ...]
+    members: int
+    dead_letters: int
+
+    @property
+    def lag(self) -> int:
+        """Total over the topics' partitions."""
+        return sum(t.lag for t in self.topics)
+
+    @property
+    def in_flight(self) -> int:
+        return sum(t.in_flight for t in self.topics)
+
+    @property
+    def retry_waiting(self) -> int:
+        return sum(t.retry_waiting for t in self.topics)
 
 
 @dataclass(frozen=True)
@@ -68,4 +91,35 @@ def dead_letter_counts(principal: Principal) -> list[DeadLetterCount]:
     return [
         DeadLetterCount(group=row["group__name"], topic=row["topic__name"], count=row["count"])
         for row in rows
+    ]
+
+
+def list_group_summaries(principal: Principal) -> list[GroupSummary]:
+    """Every group with offsets or members on a visible topic, by name, in a few queries."""
+    by_group = groups.list_group_offsets(principal)
+    members: dict[str, int] = {}
+    for name, topic, count in (
+        models.GroupMember.objects.values("group__name", "topic__name")
+        .annotate(n=Count("id"))
+        .values_list("group__name", "topic__name", "n")
+    ):
+        if keys.allows(principal, topic, "consume"):
+            members[name] = members.get(name, 0) + count
+            by_group.setdefault(name, [])
+    dead: dict[str, int] = {}
+    for name, topic, count in (
+        models.DeadLetter.objects.values("group__name", "topic__name")
+        .annotate(n=Count("id"))
+        .values_list("group__name", "topic__name", "n")
+    ):
+        if keys.allows(principal, topic, "consume"):
+            dead[name] = dead.get(name, 0) + count
+    return [
+        GroupSummary(
+            name=name,
+            topics=tuple(by_group[name]),
+            members=members.get(name, 0),
+            dead_letters=dead.get(name, 0),
+        )
+        for name in sorted(by_group)
     ]

@@ -5,14 +5,14 @@ from typing import Any
 from django.http import HttpRequest, HttpResponse, JsonResponse, QueryDict
 from django.shortcuts import redirect
 
-from broker.core import assignment, errors, groups, history, log, membership
+from broker.core import assignment, console, errors, groups, history, log, membership
 from dashboard import access, pages
 
 CHART_WINDOW_MS = 60 * 60 * 1000
 SORTS = {
     "name": lambda row: row["info"].name,
     "lag": lambda row: row["lag"],
-    "members": lambda row: len(row["info"].members),
+    "members": lambda row: row["info"].members,
 }
 
 
@@ -21,13 +21,8 @@ def group_list(request: HttpRequest) -> HttpResponse:
     principal = access.principal(request)
     search = pages.text_param(request, "q")
     rows = [
-        {
-            "info": g,
-            "lag": sum(t.lag for t in g.topics),
-            "in_flight": sum(t.in_flight for t in g.topics),
-            "retry_waiting": sum(t.retry_waiting for t in g.topics),
-        }
-        for g in groups.list_groups(principal)
+        {"info": g, "lag": g.lag}
+        for g in console.list_group_summaries(principal)
         if not search or search.lower() in g.name.lower()
     ]
     sort = request.GET.get("sort", "name")

@@ -7,7 +7,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect
 from django.urls import reverse
 
-from broker.core import errors, groups, history, log, topics
+from broker.core import console, errors, history, log, topics
 from dashboard import access, pages
 
 SORTS = {
@@ -102,12 +102,14 @@ def _topic_context(request: HttpRequest, name: str) -> dict[str, Any]:
 def topic_detail(request: HttpRequest, name: str) -> HttpResponse:
     principal = access.principal(request)
     context = _topic_context(request, name)
-    readers = [g for g in groups.list_groups(principal) for t in g.topics if t.topic == name]
-    group_names = [g.name for g in readers][:CHART_GROUPS]
+    readers = [
+        (g, t) for g in console.list_group_summaries(principal) for t in g.topics if t.topic == name
+    ]
+    group_names = [g.name for g, _ in readers][:CHART_GROUPS]
     context.update(
         chart_query="?" + urlencode([("group", g) for g in group_names]) if group_names else "",
         section="topics",
-        readers=[(g, next(t for t in g.topics if t.topic == name)) for g in readers],
+        readers=readers,
         overflow_policies=topics.OVERFLOW_POLICIES,
     )
     return pages.render(request, "console/topic.html", context)

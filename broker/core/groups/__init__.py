@@ -9,7 +9,13 @@ The package: positions.py (group names, committed offsets: poll, commit, reset) 
 callers use `groups.<name>`.
 """
 
-from broker.core.groups.info import describe_group, list_groups, overview, settings_of
+from broker.core.groups.info import (
+    describe_group,
+    list_group_offsets,
+    list_groups,
+    overview,
+    settings_of,
+)
 from broker.core.groups.positions import (
     RESET_TARGETS,
     commit_offsets,
@@ -29,6 +35,7 @@ __all__ = [
     "delete_group",
     "describe_group",
     "ensure_offsets",
+    "list_group_offsets",
     "list_groups",
     "overview",
     "poll_messages",
