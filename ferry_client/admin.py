@@ -324,3 +324,99 @@ class Admin:
         )
         events: list[Json] = body["events"]
         return events
+
+    # Management (docs/api.md#management).
+
+    def purge_topic(self, name: str, up_to: Mapping[int, int] | None = None) -> Json:
+        """Remove a topic's messages, all or those below per-partition offsets."""
+        body = {} if up_to is None else {"up_to": {str(p): o for p, o in up_to.items()}}
+        result: Json = self._rest.request(
+            "POST", f"/topics/{name}/purge", json=body, idempotent=False
+        )
+        return result
+
+    def delete_group(self, group: str, *, force: bool = False) -> None:
+        """Delete a group (needs admin:*); refused while it has live members unless forced."""
+        self._rest.request(
+            "DELETE",
+            f"/groups/{group}",
+            params={"force": "true" if force else None},
+            idempotent=False,
+        )
+
+    def lookup_messages(
+        self,
+        topic: str,
+        *,
+        key: str | None = None,
+        id: str | None = None,
+        partition: int | None = None,
+        limit: int = 50,
+    ) -> Json:
+        """Stored messages with a key or a client message id, newest first (indexed)."""
+        result: Json = self._rest.request(
+            "GET",
+            f"/topics/{topic}/messages",
+            params={"key": key, "id": id, "partition": partition, "limit": limit},
+        )
+        return result
+
+    def deliver_now(self, scheduled_id: int) -> Json:
+        """Make a delayed message due now."""
+        result: Json = self._rest.request(
+            "POST", f"/scheduled/{scheduled_id}/deliver_now", idempotent=False
+        )
+        return result
+
+    def reschedule(self, scheduled_id: int, deliver_at_ms: int) -> Json:
+        """Move a delayed message's due time."""
+        result: Json = self._rest.request(
+            "POST",
+            f"/scheduled/{scheduled_id}/reschedule",
+            json={"deliver_at_ms": deliver_at_ms},
+            idempotent=False,
+        )
+        return result
+
+    def list_api_keys(self) -> list[Json]:
+        result: list[Json] = self._rest.request("GET", "/keys")
+        return result
+
+    def create_api_key(self, name: str, permissions: Sequence[str]) -> Json:
+        """Create a key (needs admin:*); the answer's "secret" is shown this once."""
+        result: Json = self._rest.request(
+            "POST",
+            "/keys",
+            json={"name": name, "permissions": list(permissions)},
+            idempotent=False,
+        )
+        return result
+
+    def revoke_api_key(self, name: str) -> Json:
+        result: Json = self._rest.request("DELETE", f"/keys/{name}", idempotent=False)
+        return result
+
+    def audit(
+        self,
+        *,
+        action: str | None = None,
+        actor: str | None = None,
+        source: str | None = None,
+        target: str | None = None,
+        before_id: int | None = None,
+        limit: int = 50,
+    ) -> Json:
+        """Audit log entries, newest first: {"items": [...], "next_before_id": ...}."""
+        result: Json = self._rest.request(
+            "GET",
+            "/audit",
+            params={
+                "action": action,
+                "actor": actor,
+                "source": source,
+                "target": target,
+                "before_id": before_id,
+                "limit": limit,
+            },
+        )
+        return result

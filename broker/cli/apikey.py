@@ -5,7 +5,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand
 
-from broker.cli import table
+from broker.cli import audit, table
 from broker.core import keys
 
 
@@ -39,7 +39,13 @@ def add_parser(nouns: "argparse._SubParsersAction[Any]") -> None:
 
 def handle_create(command: BaseCommand, options: dict[str, Any]) -> None:
     permissions = [keys.parse_permission(text) for text in options["allow"]]
-    info, secret = keys.create_api_key(keys.CONSOLE, options["name"], permissions)
+    info, secret = audit.audited(
+        "key.create",
+        options["name"],
+        {"permissions": [str(p) for p in permissions]},
+        lambda: keys.create_api_key(keys.CONSOLE, options["name"], permissions),
+        lambda created: {"prefix": created[0].prefix},
+    )
     command.stdout.write(f"created API key {info.name}")
     for permission in info.permissions:
         command.stdout.write(f"  allow {permission}")
@@ -50,12 +56,22 @@ def handle_create(command: BaseCommand, options: dict[str, Any]) -> None:
 
 def handle_list(command: BaseCommand, options: dict[str, Any]) -> None:
     rows = [
-        (k.name, k.prefix, " ".join(str(p) for p in k.permissions), k.revoked)
+        (
+            k.name,
+            k.prefix,
+            " ".join(str(p) for p in k.permissions),
+            k.revoked,
+            k.created_by or None,
+            None if k.last_used_ms is None else table.at(k.last_used_ms),
+        )
         for k in keys.list_api_keys(keys.CONSOLE)
     ]
-    command.stdout.write(table.render(("name", "prefix", "permissions", "revoked"), rows))
+    command.stdout.write(
+        table.render(("name", "prefix", "permissions", "revoked", "created by", "last used"), rows)
+    )
 
 
 def handle_revoke(command: BaseCommand, options: dict[str, Any]) -> None:
-    info = keys.revoke_api_key(keys.CONSOLE, options["name"])
+    name = options["name"]
+    info = audit.audited("key.revoke", name, {}, lambda: keys.revoke_api_key(keys.CONSOLE, name))
     command.stdout.write(f"revoked API key {info.name}")

@@ -5,7 +5,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand
 
-from broker.cli import arguments, table
+from broker.cli import arguments, audit, table
 from broker.cli import groups as group_noun
 from broker.core import keys, retries
 
@@ -129,12 +129,18 @@ def handle_list(command: BaseCommand, options: dict[str, Any]) -> None:
 
 
 def handle_redrive(command: BaseCommand, options: dict[str, Any]) -> None:
-    result = retries.redrive_dead_letters(
-        keys.CONSOLE,
+    result = audit.audited(
+        "dlq.redrive",
         options["group"],
-        options["ids"],
-        topic_name=options["topic"],
-        reason=options["reason"],
+        selection(options),
+        lambda: retries.redrive_dead_letters(
+            keys.CONSOLE,
+            options["group"],
+            options["ids"],
+            topic_name=options["topic"],
+            reason=options["reason"],
+        ),
+        lambda r: {"redriven": r.redriven, "missing": len(r.missing)},
     )
     # Missing: retention removed the original message; the dead letter stays in the queue.
     missing = ", ".join(map(str, result.missing)) or "none"
@@ -142,14 +148,25 @@ def handle_redrive(command: BaseCommand, options: dict[str, Any]) -> None:
 
 
 def handle_purge(command: BaseCommand, options: dict[str, Any]) -> None:
-    purged = retries.purge_dead_letters(
-        keys.CONSOLE,
+    purged = audit.audited(
+        "dlq.purge",
         options["group"],
-        options["ids"],
-        topic_name=options["topic"],
-        reason=options["reason"],
+        selection(options),
+        lambda: retries.purge_dead_letters(
+            keys.CONSOLE,
+            options["group"],
+            options["ids"],
+            topic_name=options["topic"],
+            reason=options["reason"],
+        ),
+        lambda n: {"purged": n},
     )
     command.stdout.write(f"purged {purged}")
+
+
+def selection(options: dict[str, Any]) -> dict[str, Any]:
+    """The audit log's parameters of a redrive or purge: which letters."""
+    return {"ids": options["ids"], "topic": options["topic"], "reason": options["reason"]}
 
 
 def preview(error: str) -> str | None:

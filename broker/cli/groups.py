@@ -1,13 +1,12 @@
 """Console noun `groups`: list groups, describe one's offsets, lag and members (docs/console.md)."""
 
 import argparse
-import datetime
 from typing import Any
 
 import orjson
 from django.core.management.base import BaseCommand, CommandError
 
-from broker.cli import table
+from broker.cli import audit, table
 from broker.core import groups, keys, membership, records
 
 # The options of `configure`, by their keyword in membership.configure_group.
@@ -95,10 +94,28 @@ def add_parser(nouns: "argparse._SubParsersAction[Any]") -> None:
         type=partition_offset,
         help="An explicit offset for one partition (repeat for more).",
     )
+    target.add_argument(
+        "--shift-by",
+        type=int,
+        metavar="N",
+        help="Move every committed offset by N (negative replays), within start and end.",
+    )
     reset.add_argument(
         "--force", action="store_true", help="Reset even while the group has live members."
     )
+    reset.add_argument(
+        "--dry-run", action="store_true", help="Show what would move, and move nothing."
+    )
     reset.set_defaults(handler=handle_reset)
+    delete = verbs.add_parser(
+        "delete",
+        help="Delete a group: its offsets, in-flight messages, dead letters and members.",
+    )
+    delete.add_argument("group")
+    delete.add_argument(
+        "--force", action="store_true", help="Delete even while the group has live members."
+    )
+    delete.set_defaults(handler=handle_delete)
 
 
 def partition_offset(text: str) -> tuple[int, int]:
@@ -120,12 +137,17 @@ def delays(text: str) -> list[int]:
 
 
 def handle_list(command: BaseCommand, options: dict[str, Any]) -> None:
+    # Every figure is a total over the topic's partitions.
     rows = [
-        (t.group, t.topic, t.committed_total, t.end_total, t.lag)
+        (t.group, t.topic, t.committed_total, t.end_total, t.lag, t.in_flight, t.retry_waiting)
         for group in groups.list_groups(keys.CONSOLE)
         for t in group.topics
     ]
-    command.stdout.write(table.render(("group", "topic", "committed", "end", "lag"), rows))
+    command.stdout.write(
+        table.render(
+            ("group", "topic", "committed", "end", "lag", "in flight", "retry waiting"), rows
+        )
+    )
 
 
 def handle_describe(command: BaseCommand, options: dict[str, Any]) -> None:
@@ -142,6 +164,7 @@ def handle_describe(command: BaseCommand, options: dict[str, Any]) -> None:
             "end",
             "lag",
             "in flight",
+            "retry waiting",
             "filtered",
         ),
         [
@@ -154,6 +177,7 @@ def handle_describe(command: BaseCommand, options: dict[str, Any]) -> None:
                 p.end_offset,
                 p.lag,
                 p.in_flight,
+                p.retry_waiting,
                 p.filtered,
             )
             for t in info.topics
@@ -183,7 +207,12 @@ def handle_configure(command: BaseCommand, options: dict[str, Any]) -> None:
             "Nothing to configure: give at least one of --strategy, --session-timeout-ms, "
             "--mode, --ordered/--unordered, --ack-deadline-ms, --max-attempts, --retry-delays-ms."
         )
-    info = membership.configure_group(keys.CONSOLE, options["group"], **given)
+    info = audit.audited(
+        "group.configure",
+        options["group"],
+        given,
+        lambda: membership.configure_group(keys.CONSOLE, options["group"], **given),
+    )
     command.stdout.write(settings(info))
 
 
@@ -212,16 +241,35 @@ def handle_reset(command: BaseCommand, options: dict[str, Any]) -> None:
         to = "latest"
     elif options["to_timestamp"] is not None:
         to = "timestamp"
+    elif options["shift_by"] is not None:
+        to = "shift"
     else:
         to = "offsets"
-    result = groups.reset_offsets(
-        keys.CONSOLE,
-        options["group"],
-        options["topic"],
-        to,
-        timestamp_ms=options["to_timestamp"],
-        offsets=dict(options["to_offset"] or []),
-        force=options["force"],
+    group, topic = options["group"], options["topic"]
+    target: dict[str, Any] = {
+        "timestamp_ms": options["to_timestamp"],
+        "offsets": dict(options["to_offset"] or []),
+        "shift_by": options["shift_by"],
+    }
+    if options["dry_run"]:
+        preview = groups.preview_reset(keys.CONSOLE, group, topic, to, **target)
+        command.stdout.write(
+            table.render(
+                ("topic", "partition", "committed", "target", "delta"),
+                [(topic, r.partition, r.current, r.target, f"{r.delta:+d}") for r in preview],
+            )
+        )
+        command.stdout.write("dry run: nothing moved")
+        return
+    params = {"to": to, **target, "force": options["force"]}
+    params["offsets"] = {str(p): o for p, o in target["offsets"].items()}
+    result = audit.audited(
+        "group.reset",
+        f"{group}/{topic}",
+        params,
+        lambda: groups.reset_offsets(
+            keys.CONSOLE, group, topic, to, force=options["force"], **target
+        ),
     )
     command.stdout.write(
         table.render(
@@ -234,7 +282,15 @@ def handle_reset(command: BaseCommand, options: dict[str, Any]) -> None:
     )
 
 
-def at(ms: int) -> str:
-    """A time in ms since the epoch as ISO 8601 in UTC."""
-    moment = datetime.datetime.fromtimestamp(ms / 1000, tz=datetime.UTC)
-    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+at = table.at
+
+
+def handle_delete(command: BaseCommand, options: dict[str, Any]) -> None:
+    group = options["group"]
+    audit.audited(
+        "group.delete",
+        group,
+        {"force": options["force"]},
+        lambda: groups.delete_group(keys.CONSOLE, group, force=options["force"]),
+    )
+    command.stdout.write(f"deleted group {group}")

@@ -7,8 +7,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand
 
-from broker.cli import arguments, table
-from broker.core import keys, records, scheduling
+from broker.cli import arguments, audit, table
+from broker.core import keys, log, records, scheduling
 
 PREVIEW_CHARS = 40
 INT64_MAX = 2**63 - 1
@@ -44,6 +44,19 @@ def add_parser(nouns: "argparse._SubParsersAction[Any]") -> None:
     cancel.add_argument("id", type=scheduled_id)
     cancel.set_defaults(handler=handle_cancel)
 
+    now = verbs.add_parser(
+        "deliver-now", help="Make a delayed message due now: it is released within a moment."
+    )
+    now.add_argument("id", type=scheduled_id)
+    now.set_defaults(handler=handle_deliver_now)
+
+    reschedule = verbs.add_parser("reschedule", help="Move a delayed message's due time.")
+    reschedule.add_argument("id", type=scheduled_id)
+    when = reschedule.add_mutually_exclusive_group(required=True)
+    when.add_argument("--at-ms", type=int, metavar="MS", help="Due at MS since 1970 (UTC).")
+    when.add_argument("--delay-ms", type=int, metavar="MS", help="Due MS from now.")
+    reschedule.set_defaults(handler=handle_reschedule)
+
 
 def handle_list(command: BaseCommand, options: dict[str, Any]) -> None:
     found = scheduling.list_scheduled(
@@ -54,9 +67,45 @@ def handle_list(command: BaseCommand, options: dict[str, Any]) -> None:
 
 
 def handle_cancel(command: BaseCommand, options: dict[str, Any]) -> None:
-    info = scheduling.cancel_scheduled(keys.CONSOLE, options["id"])
+    sid = options["id"]
+    info = audit.audited(
+        "scheduled.cancel",
+        str(sid),
+        {},
+        lambda: scheduling.cancel_scheduled(keys.CONSOLE, sid),
+        lambda i: {"topic": i.topic},
+    )
     command.stdout.write(
         f"cancelled scheduled message {info.id} on {info.topic} (was due {due(info.deliver_at_ms)})"
+    )
+
+
+def handle_deliver_now(command: BaseCommand, options: dict[str, Any]) -> None:
+    sid = options["id"]
+    info = audit.audited(
+        "scheduled.deliver_now",
+        str(sid),
+        {},
+        lambda: scheduling.deliver_now(keys.CONSOLE, sid),
+        lambda i: {"topic": i.topic},
+    )
+    command.stdout.write(f"scheduled message {info.id} on {info.topic} is due now")
+
+
+def handle_reschedule(command: BaseCommand, options: dict[str, Any]) -> None:
+    sid = options["id"]
+    due_ms = options["at_ms"]
+    if due_ms is None:
+        due_ms = log.now_ms() + options["delay_ms"]
+    info = audit.audited(
+        "scheduled.reschedule",
+        str(sid),
+        {"deliver_at_ms": due_ms},
+        lambda: scheduling.reschedule_scheduled(keys.CONSOLE, sid, due_ms),
+        lambda i: {"topic": i.topic},
+    )
+    command.stdout.write(
+        f"scheduled message {info.id} on {info.topic} is due {due(info.deliver_at_ms)}"
     )
 
 

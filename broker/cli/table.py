@@ -1,5 +1,6 @@
 """Plain-text tables and field lists for the console's list and describe verbs (docs/console.md)."""
 
+import datetime
 from collections.abc import Iterable, Sequence
 
 
@@ -24,3 +25,9 @@ def fields(pairs: Sequence[tuple[str, object]]) -> str:
     """One 'name  value' line per pair, values aligned."""
     width = max(len(name) for name, _ in pairs)
     return "\n".join(f"{name.ljust(width)}  {cell(value)}" for name, value in pairs)
+
+
+def at(ms: int) -> str:
+    """A time in ms since the epoch as ISO 8601 in UTC."""
+    moment = datetime.datetime.fromtimestamp(ms / 1000, tz=datetime.UTC)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")

@@ -8,8 +8,8 @@ from typing import Any
 import orjson
 from django.core.management.base import BaseCommand, CommandError
 
+from broker.cli import audit, table
 from broker.cli import groups as group_noun
-from broker.cli import table
 from broker.core import keys, records, topics, trace
 
 # The options create and alter share, by their keyword in topics.create_topic/alter_topic.
@@ -56,6 +56,20 @@ def add_parser(nouns: "argparse._SubParsersAction[Any]") -> None:
     delete.add_argument("name")
     delete.set_defaults(handler=handle_delete)
 
+    purge = verbs.add_parser(
+        "purge",
+        help="Remove a topic's messages (all, or below offsets); offsets are never reused.",
+    )
+    purge.add_argument("name")
+    purge.add_argument(
+        "--up-to",
+        action="append",
+        type=partition_colon_offset,
+        metavar="PARTITION:OFFSET",
+        help="Remove only the partition's messages below OFFSET (repeat for more partitions).",
+    )
+    purge.set_defaults(handler=handle_purge)
+
     trace_ = verbs.add_parser(
         "trace", help="A message's recorded events (produced, delivered, acked, retried, ...)."
     )
@@ -63,6 +77,16 @@ def add_parser(nouns: "argparse._SubParsersAction[Any]") -> None:
     trace_.add_argument("partition", type=int)
     trace_.add_argument("offset", type=int)
     trace_.set_defaults(handler=handle_trace)
+
+
+def partition_colon_offset(text: str) -> tuple[int, int]:
+    partition, sep, offset = text.partition(":")
+    try:
+        if not sep:
+            raise ValueError(text)
+        return int(partition), int(offset)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected PARTITION:OFFSET, got {text!r}") from None
 
 
 def add_limits(parser: argparse.ArgumentParser, nullable: Callable[[str], int | None]) -> None:
@@ -102,7 +126,13 @@ def given_limits(options: dict[str, Any]) -> dict[str, Any]:
 
 
 def handle_create(command: BaseCommand, options: dict[str, Any]) -> None:
-    info = topics.create_topic(keys.CONSOLE, options["name"], **given_limits(options))
+    limits = given_limits(options)
+    info = audit.audited(
+        "topic.create",
+        options["name"],
+        limits,
+        lambda: topics.create_topic(keys.CONSOLE, options["name"], **limits),
+    )
     command.stdout.write(f"created topic {info.name} with {info.partition_count} partition(s)")
 
 
@@ -111,7 +141,8 @@ def handle_list(command: BaseCommand, options: dict[str, Any]) -> None:
         (
             t.name,
             t.partition_count,
-            sum(p.message_count for p in t.partitions),
+            t.message_count,
+            t.bytes_stored,
             t.capacity,
             t.message_ttl_ms,
             t.trace,
@@ -120,7 +151,8 @@ def handle_list(command: BaseCommand, options: dict[str, Any]) -> None:
     ]
     command.stdout.write(
         table.render(
-            ("name", "partitions", "messages", "capacity", "message_ttl_ms", "trace"), rows
+            ("name", "partitions", "messages", "bytes", "capacity", "message_ttl_ms", "trace"),
+            rows,
         )
     )
 
@@ -136,13 +168,33 @@ def handle_alter(command: BaseCommand, options: dict[str, Any]) -> None:
             "Nothing to alter: give at least one of --partitions, --retention-ms, "
             "--message-ttl-ms, --trace, …"
         )
-    info = topics.alter_topic(keys.CONSOLE, options["name"], **changes)
+    info = audit.audited(
+        "topic.alter",
+        options["name"],
+        changes,
+        lambda: topics.alter_topic(keys.CONSOLE, options["name"], **changes),
+    )
     command.stdout.write(f"altered topic {info.name}\n\n{describe(info)}")
 
 
 def handle_delete(command: BaseCommand, options: dict[str, Any]) -> None:
-    topics.delete_topic(keys.CONSOLE, options["name"])
-    command.stdout.write(f"deleted topic {options['name']}")
+    name = options["name"]
+    audit.audited("topic.delete", name, {}, lambda: topics.delete_topic(keys.CONSOLE, name))
+    command.stdout.write(f"deleted topic {name}")
+
+
+def handle_purge(command: BaseCommand, options: dict[str, Any]) -> None:
+    name = options["name"]
+    up_to = dict(options["up_to"]) if options["up_to"] else None
+    result = audit.audited(
+        "topic.purge",
+        name,
+        {"up_to": {str(p): o for p, o in up_to.items()} if up_to else None},
+        lambda: topics.purge_topic(keys.CONSOLE, name, up_to),
+        lambda r: {"removed": r.removed},
+    )
+    command.stdout.write(f"purged {result.removed} message(s) from {name}")
+    command.stdout.write(partition_table(result.partitions))
 
 
 def handle_trace(command: BaseCommand, options: dict[str, Any]) -> None:
@@ -186,8 +238,14 @@ def describe(info: records.TopicInfo) -> str:
             ("created", created.isoformat(timespec="seconds")),
         ]
     )
-    partitions = table.render(
-        ("partition", "start", "end", "messages"),
-        [(p.number, p.start_offset, p.end_offset, p.message_count) for p in info.partitions],
+    return f"{settings}\n\n{partition_table(info.partitions)}"
+
+
+def partition_table(partitions: tuple[records.PartitionInfo, ...]) -> str:
+    return table.render(
+        ("partition", "start", "end", "messages", "bytes"),
+        [
+            (p.number, p.start_offset, p.end_offset, p.message_count, p.bytes_stored)
+            for p in partitions
+        ],
     )
-    return f"{settings}\n\n{partitions}"

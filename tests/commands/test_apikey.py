@@ -40,12 +40,22 @@ def test_handle_list__table(ferry, key_factory):
     key_factory(name="ops")
     keys.revoke_api_key(keys.CONSOLE, "ops")
     lines = ferry("apikey", "list").splitlines()
-    assert lines[0].split() == ["NAME", "PREFIX", "PERMISSIONS", "REVOKED"]
+    assert lines[0].split() == [
+        "NAME",
+        "PREFIX",
+        "PERMISSIONS",
+        "REVOKED",
+        "CREATED",
+        "BY",
+        "LAST",
+        "USED",
+    ]
     ci, ops = (line.split() for line in lines[1:])
     assert ci[0] == "ci"
     assert ci[1].startswith(keys.KEY_PREFIX)
-    assert ci[2:] == ["produce:orders.*", "consume:audit", "no"]
-    assert (ops[0], ops[2:]) == ("ops", ["admin:*", "yes"])
+    assert ci[2:5] == ["produce:orders.*", "consume:audit", "no"]
+    assert ci[5] == "console"
+    assert (ops[0], ops[2:4]) == ("ops", ["admin:*", "yes"])
 
 
 def test_handle_revoke__key_stops_working(ferry, key_factory):

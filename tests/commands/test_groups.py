@@ -20,12 +20,32 @@ def billing_on_orders(topic_factory):
 
 def test_handle_list__lag(ferry, billing_on_orders):
     lines = ferry("groups", "list").splitlines()
-    assert lines[0].split() == ["GROUP", "TOPIC", "COMMITTED", "END", "LAG"]
-    assert [line.split() for line in lines[1:]] == [["billing", "orders", "2", "4", "2"]]
+    assert lines[0].split() == [
+        "GROUP",
+        "TOPIC",
+        "COMMITTED",
+        "END",
+        "LAG",
+        "IN",
+        "FLIGHT",
+        "RETRY",
+        "WAITING",
+    ]
+    assert [line.split() for line in lines[1:]] == [["billing", "orders", "2", "4", "2", "0", "0"]]
 
 
 def test_handle_list__empty(ferry):
-    assert ferry("groups", "list").split() == ["GROUP", "TOPIC", "COMMITTED", "END", "LAG"]
+    assert ferry("groups", "list").split() == [
+        "GROUP",
+        "TOPIC",
+        "COMMITTED",
+        "END",
+        "LAG",
+        "IN",
+        "FLIGHT",
+        "RETRY",
+        "WAITING",
+    ]
 
 
 def test_handle_describe__partitions(ferry, billing_on_orders):
@@ -51,11 +71,13 @@ def test_handle_describe__partitions(ferry, billing_on_orders):
         "LAG",
         "IN",
         "FLIGHT",
+        "RETRY",
+        "WAITING",
         "FILTERED",
     ]
     assert [line.split() for line in lines[1:]] == [
-        ["orders", "0", "2", "0", "3", "1", "0", "0"],
-        ["orders", "1", "0", "0", "1", "1", "0", "0"],
+        ["orders", "0", "2", "0", "3", "1", "0", "0", "0"],
+        ["orders", "1", "0", "0", "1", "1", "0", "0", "0"],
     ]
     assert members.split() == ["MEMBER", "TOPIC", "PARTITIONS", "LAST", "HEARTBEAT", "FILTER"]
 
@@ -83,7 +105,10 @@ def test_handle_describe__in_flight_and_dead_letters(ferry, billing_on_orders):
     delivery.reject_messages(keys.CONSOLE, "billing", [first.receipt], error="bad")
     settings, offsets, _ = ferry("groups", "describe", "billing").split("\n\n")
     assert settings.splitlines()[-1].split() == ["dead_letters", "1"]
-    assert [line.split()[-2:] for line in offsets.splitlines()[1:]] == [["0", "0"], ["1", "0"]]
+    assert [line.split()[-3:] for line in offsets.splitlines()[1:]] == [
+        ["0", "0", "0"],
+        ["1", "0", "0"],
+    ]
 
 
 def test_handle_describe__broadcast_rows_per_member(ferry, topic_factory):
@@ -99,8 +124,8 @@ def test_handle_describe__broadcast_rows_per_member(ferry, topic_factory):
     assert lines[0].split()[:3] == ["TOPIC", "MEMBER", "PARTITION"]
     # Each member has the message in flight on its own offsets.
     assert [line.split() for line in lines[1:]] == [
-        ["news", "a", "0", "0", "0", "1", "1", "1", "0"],
-        ["news", "b", "0", "0", "0", "1", "1", "1", "0"],
+        ["news", "a", "0", "0", "0", "1", "1", "1", "0", "0"],
+        ["news", "b", "0", "0", "0", "1", "1", "1", "0", "0"],
     ]
 
 

@@ -3,6 +3,7 @@
 import pytest
 from django.core.management.base import CommandError
 
+from broker import models
 from broker.core import delivery, keys, log, membership, records, topics
 
 
@@ -80,19 +81,21 @@ def test_handle_list__table(ferry, topic_factory):
         keys.CONSOLE, "orders", [records.NewMessage(b"1"), records.NewMessage(b"2")]
     )
     topic_factory("events", message_ttl_ms=60000, trace=True)
+    size = models.Message.objects.all()[0].size_bytes
     lines = ferry("topics", "list").splitlines()
     assert lines[0].split() == [
         "NAME",
         "PARTITIONS",
         "MESSAGES",
+        "BYTES",
         "CAPACITY",
         "MESSAGE_TTL_MS",
         "TRACE",
     ]
     assert [line.split() for line in lines[1:]] == [
-        ["audit", "1", "0", "-", "-", "no"],
-        ["events", "1", "0", "-", "60000", "yes"],
-        ["orders", "2", "2", "50", "-", "no"],
+        ["audit", "1", "0", "0", "-", "-", "no"],
+        ["events", "1", "0", "0", "-", "60000", "yes"],
+        ["orders", "2", "2", str(size * 2), "50", "-", "no"],
     ]
 
 
@@ -102,8 +105,12 @@ def test_handle_describe__settings_and_offsets(ferry, topic_factory):
     lines = ferry("topics", "describe", "orders").splitlines()
     assert lines[0].split() == ["topic", "orders"]
     assert ["partitions", "2"] in [line.split() for line in lines]
-    assert lines[-3].split() == ["PARTITION", "START", "END", "MESSAGES"]
-    assert [line.split() for line in lines[-2:]] == [["0", "0", "0", "0"], ["1", "0", "3", "3"]]
+    size = models.Message.objects.all()[0].size_bytes
+    assert lines[-3].split() == ["PARTITION", "START", "END", "MESSAGES", "BYTES"]
+    assert [line.split() for line in lines[-2:]] == [
+        ["0", "0", "0", "0", "0"],
+        ["1", "0", "3", "3", str(3 * size)],
+    ]
 
 
 def test_handle_describe__unknown(ferry):

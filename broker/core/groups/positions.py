@@ -7,7 +7,7 @@ import itertools
 import threading
 from collections.abc import Iterable
 
-from django.db import transaction
+from django.db import IntegrityError, transaction
 
 from broker import models
 from broker import settings as ferry_settings
@@ -89,6 +89,20 @@ def poll_messages(
             f"max_messages must be between 1 and {limit}.", max_messages=max_messages
         )
     topic = topic_for_consume(principal, topic_name)
+    try:
+        return _poll(group_name, topic, topic_name, max_messages, auto_commit)
+    except IntegrityError:
+        # The only rows a poll inserts are the group's offset rows: on PostgreSQL their
+        # foreign keys fail at commit when delete_group (or delete_topic) removed the group
+        # (or the partitions) meanwhile. Nothing was stored; the next poll starts afresh.
+        raise errors.GroupNotFound(
+            f"Group {group_name!r} was deleted during the poll; poll again.", group=group_name
+        ) from None
+
+
+def _poll(
+    group_name: str, topic: models.Topic, topic_name: str, max_messages: int, auto_commit: bool
+) -> PollResult:
     with transaction.atomic(durable=True):
         group = _ensure_offsets(group_name, topic)
         # Group offset locks (id order): serialize pollers and committers of this group.
