@@ -101,7 +101,7 @@ class ProducedId(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.topic_id}:{self.client_id}"
+        return f"{self.topic.name}:{self.client_id}"
 
 
 class ScheduledMessage(models.Model):
@@ -132,7 +132,7 @@ class ScheduledMessage(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.topic_id}@{self.due_ms}"
+        return f"{self.topic.name} due {self.due_ms}"
 
 
 class ConsumerGroup(models.Model):
@@ -176,7 +176,7 @@ class GroupMember(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.group_id}:{self.member_id}"
+        return f"{self.group.name}:{self.member_id}"
 
 
 class PartitionLease(models.Model):
@@ -193,7 +193,7 @@ class PartitionLease(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.group_id}:{self.partition_id}->{self.member_id}"
+        return f"{self.group.name} {self.partition} -> {self.member_id or 'nobody'}"
 
 
 class GroupOffset(models.Model):
@@ -222,7 +222,8 @@ class GroupOffset(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.group_id}:{self.partition_id}={self.committed_offset}"
+        who = f" ({self.subscriber})" if self.subscriber else ""
+        return f"{self.group.name}{who} {self.partition} = {self.committed_offset}"
 
 
 class InFlight(models.Model):
@@ -260,7 +261,7 @@ class InFlight(models.Model):
         indexes = [models.Index(fields=["state", "deadline_ms"], name="inflight_state_deadline")]
 
     def __str__(self) -> str:
-        return f"{self.group_id}:{self.partition_id}@{self.offset}..{self.last_offset}"
+        return f"{self.group.name} {self.partition}@{self.offset}..{self.last_offset}"
 
 
 class DeadLetter(models.Model):
@@ -287,7 +288,7 @@ class DeadLetter(models.Model):
         indexes = [models.Index(fields=["group", "id"], name="deadletter_group_id_idx")]
 
     def __str__(self) -> str:
-        return f"{self.group_id}:{self.topic_id}/{self.partition_number}@{self.offset}"
+        return f"{self.group.name} {self.topic.name}[{self.partition_number}]@{self.offset}"
 
 
 class TraceEvent(models.Model):
@@ -309,7 +310,7 @@ class TraceEvent(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.topic_id}/{self.partition_number}@{self.offset}:{self.event}"
+        return f"{self.topic.name}[{self.partition_number}]@{self.offset} {self.event}"
 
 
 class ApiKey(models.Model):

@@ -21,7 +21,8 @@ from django.core.handlers.asgi import ASGIHandler  # noqa: E402
 from broker import background, routing  # noqa: E402
 
 API_PREFIX = "/api/v1/"
-API_MIDDLEWARE = ["broker.middleware.api_json_errors"]
+# Timing first, so a latency covers the error rendering too (/metrics, docs/metrics.md).
+API_MIDDLEWARE = ["broker.metrics.api_request_timing", "broker.middleware.api_json_errors"]
 
 
 class ApiHandler(ASGIHandler):

@@ -1,5 +1,4 @@
-"""History: samples of topic sizes and group positions, downsampled as they age, and the rates,
-charts and lag estimates the console draws from them.
+"""History: samples of topics and groups, downsampled as they age; series, rates, lag estimates.
 
 See docs/architecture.md#history and docs/metrics.md. sample_metrics and compact_samples are
 jobs of core/periodic.py. Sampling reads without a transaction (group offsets first, then end
@@ -23,6 +22,10 @@ DAY_MS = 24 * HOUR_MS
 # (age after which samples are downsampled, bucket seconds): raw for the last hour, one a
 # minute for the last day, one per ten minutes after that. Each bucket keeps its last sample.
 TIERS = ((HOUR_MS, 60), (DAY_MS, 600))
+# How far before a tier's cut compact_samples looks: it runs every minute, so an hour covers a
+# stop of an hour; samples a longer stop left raw stay raw until the retention deletes them.
+# Bounded so that each round reads an hour of samples through the at_ms index, not the table.
+LOOKBACK_MS = HOUR_MS
 # Pairs (partition, offset) looked up per query for the oldest unconsumed messages' timestamps:
 # two parameters each, well under SQLite's 32,766.
 LOOKUP_BATCH = 500
@@ -174,7 +177,9 @@ def _downsample(
     bucket_ms = bucket_s * SECOND_MS
     # Only buckets wholly before the cut: a bucket is compacted once, with all its samples.
     cut = older_than_ms // bucket_ms * bucket_ms
-    finer = model.objects.filter(at_ms__lt=cut, resolution_s__lt=bucket_s)
+    finer = model.objects.filter(
+        at_ms__gte=cut - LOOKBACK_MS, at_ms__lt=cut, resolution_s__lt=bucket_s
+    )
     keep = (
         finer.annotate(bucket=F("at_ms") / bucket_ms)
         .values(*key, "bucket")

@@ -549,3 +549,39 @@ class RedriveJobInfo:
         if self.state == "done" or self.total <= 0:
             return 1.0 if self.state == "done" else 0.0
         return min(1.0, (self.done + self.missing) / self.total)
+
+
+@dataclass(frozen=True)
+class PartitionFigures:
+    topic: str
+    partition: int
+    start_offset: int
+    end_offset: int
+    bytes_stored: int
+
+
+@dataclass(frozen=True)
+class GroupPartitionFigures:
+    """A group's position on a partition now; broadcast groups' are sums over their members."""
+
+    group: str
+    topic: str
+    partition: int
+    committed_offset: int
+    lag: int
+    in_flight: int  # delivered, not settled
+    retry_waiting: int  # nacked or expired, waiting for redelivery
+
+
+@dataclass(frozen=True)
+class BrokerFigures:
+    """Every figure /metrics exports, read at once (core/figures.py)."""
+
+    partitions: tuple[PartitionFigures, ...]
+    groups: tuple[GroupPartitionFigures, ...]
+    # (group, topic) -> dead letters
+    dead_letters: dict[tuple[str, str], int]
+    # topic -> delayed messages not yet due
+    scheduled: dict[str, int]
+    # kind -> processes alive (heartbeat within 30 s)
+    processes_alive: dict[str, int]

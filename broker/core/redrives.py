@@ -1,5 +1,5 @@
 """Redrive jobs: dead letters sent back to their group in the background, throttled, with
-progress (docs/semantics.md#redrive-jobs, docs/architecture.md#background-jobs).
+progress (docs/api.md#redrive-jobs, docs/architecture.md#background-jobs).
 
 start_redrive records a job; run_redrive_jobs (a core/periodic.py job) redrives the next chunk
 of each running job, at most rate_per_second x FERRY_REDRIVE_INTERVAL_SECONDS letters, in id

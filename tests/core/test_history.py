@@ -87,11 +87,11 @@ def test_compact_samples__tiers_and_retention(topic_factory, settings):
     now = log.now_ms()
     minute = 60_000
     recent = [sample(topic.id, now - 10_000 * i) for i in range(6)]  # the last minute: kept raw
-    # Two hours old, six samples in each of two whole minutes: one kept per minute, the last.
-    base = (now - 2 * 3600_000) // minute * minute
+    # 90 minutes old, six samples in each of two whole minutes: one kept per minute, the last.
+    base = (now - 90 * minute) // minute * minute
     hour_old = [sample(topic.id, base + 10_000 * i) for i in range(12)]
-    # Two days old, one a minute for 20 minutes: one kept per ten minutes.
-    base10 = (now - 2 * 24 * 3600_000) // (10 * minute) * (10 * minute)
+    # A day and 40 minutes old, one a minute for 20 minutes: one kept per ten minutes.
+    base10 = (now - 24 * 3600_000 - 40 * minute) // (10 * minute) * (10 * minute)
     day_old = [sample(topic.id, base10 + minute * i, resolution_s=60) for i in range(20)]
     sample(topic.id, now - 4 * 24 * 3600_000)  # past retention
     deleted = history.compact_samples()
@@ -103,6 +103,16 @@ def test_compact_samples__tiers_and_retention(topic_factory, settings):
     assert {s.id for s in day_old} & set(left) == {day_old[9].id, day_old[19].id}
     assert left[day_old[19].id] == 600
     assert history.compact_samples() == 0
+
+
+def test_compact_samples__past_the_lookback_stays_raw(topic_factory):
+    """Samples a stop longer than the lookback left raw are not read again (retention ends them)."""
+    topic = topic_factory()
+    old = (log.now_ms() - 3 * 3600_000) // 60_000 * 60_000
+    for i in range(3):
+        sample(topic.id, old + 10_000 * i)
+    assert history.compact_samples() == 0
+    assert models.TopicSample.objects.count() == 3
 
 
 def test_topic_series__in_rate(topic_factory, console):

@@ -17,7 +17,7 @@ def make_dead(topic_name, n, group="g"):
     """n rejected messages of topic_name in group's dead-letter queue; returns their ids."""
     log.append_messages(CONSOLE, topic_name, [NewMessage(orjson.dumps(i)) for i in range(n)])
     membership.join_group(CONSOLE, group, topic_name, "m")
-    receipts = []
+    receipts: list[str] = []
     while len(receipts) < n:
         result = delivery.deliver_messages(CONSOLE, group, topic_name, "m", 1000)
         receipts += [d.receipt for d in result.deliveries]

@@ -4,10 +4,11 @@ import time
 
 import orjson
 import pytest
+from celery.signals import worker_ready
 from channels.db import database_sync_to_async
 
 from broker import background, models, tasks
-from broker.core import delivery, keys, log, membership, periodic, trace
+from broker.core import delivery, keys, log, membership, periodic, redrives, trace
 from broker.core.records import NewMessage
 from mqsite.celery import app
 
@@ -141,3 +142,28 @@ async def test_runner__redeliver_expired_wakes_a_waiting_long_poll(topic_factory
     assert [d.attempt for d in again.deliveries] == [2]
     # Woken by the sweep soon after the 1 s deadline, not by the 4 s poll timeout.
     assert waited_s < 2, waited_s
+
+
+def test_run_periodic_job__sample_metrics_then_compact(topic_factory, console):
+    topic = topic_factory()
+    log.append_messages(console, topic.name, [NewMessage(b"1")])
+    assert tasks.run_periodic_job.apply(args=("sample_metrics",)).get() == 1
+    models.TopicSample.objects.update(at_ms=1)  # past the retention
+    assert tasks.run_periodic_job.apply(args=("compact_samples",)).get() == 1
+
+
+def test_run_periodic_job__run_redrive_jobs(topic_factory, console):
+    topic = topic_factory()
+    log.append_messages(console, topic.name, [NewMessage(b"1")])
+    receipt = expired_delivery(topic.name)
+    delivery.reject_messages(console, "g", [receipt])
+    job = redrives.start_redrive(console, "g")
+    assert tasks.run_periodic_job.apply(args=("run_redrive_jobs",)).get() == 1
+    assert redrives.get_redrive(console, job.id).state == "done"
+
+
+def test_worker_ready__the_worker_heartbeats_as_a_worker(monkeypatch):
+    started: list[str] = []
+    monkeypatch.setattr(background, "start_heartbeat", started.append)
+    worker_ready.send(sender=None)
+    assert started == ["worker"]
