@@ -199,6 +199,7 @@ def dead_letter_purge(request: HttpRequest) -> HttpResponse:
 
 @access.console_view
 def redrive_progress(request: HttpRequest, id: int) -> HttpResponse:
+    """One job's row; it polls itself every second while the job is queued or running."""
     job = redrives.get_redrive(access.principal(request), id)
     return pages.render(request, "console/partials/redrive_job.html", {"job": job})
 
