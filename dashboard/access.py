@@ -102,10 +102,14 @@ def perform(
     params: dict[str, Any],
     call: Callable[[], T],
     success: Callable[[T], str],
+    summarize: Callable[[T], dict[str, Any]] | None = None,
 ) -> T | None:
-    """Run one core write through the audit log and flash its outcome; None when refused."""
+    """Run one core write through the audit log and flash its outcome; None when refused.
+
+    summarize picks what the audit entry keeps of the result (ids, counts), never secrets.
+    """
     try:
-        result = audit.audited(actor(request), action, target, params, call)
+        result = audit.audited(actor(request), action, target, params, call, summarize)
     except errors.BrokerError as exc:
         messages.error(request, exc.message)
         return None

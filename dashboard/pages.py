@@ -95,3 +95,19 @@ def text_param(request: HttpRequest, name: str) -> str | None:
 
 def text_list(request: HttpRequest, name: str) -> list[str]:
     return [v.strip() for v in request.GET.getlist(name) if v.strip()]
+
+
+def partition_offsets(text: str) -> dict[int, int]:
+    """ "0=120, 1=98" → {0: 120, 1: 98}; empty text → {}."""
+    found: dict[int, int] = {}
+    for item in text.replace("\n", ",").split(","):
+        if item.strip():
+            number, sep, offset = item.partition("=")
+            partition = optional_int(number, "partition") if sep else None
+            target = optional_int(offset, "offset") if sep else None
+            if partition is None or target is None:
+                raise errors.InvalidRequest(
+                    f"{item.strip()!r} is not partition=offset (e.g. 0=120, 1=98)."
+                )
+            found[partition] = target
+    return found

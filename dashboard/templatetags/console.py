@@ -40,7 +40,9 @@ def rate(value: Any) -> str:
     if value is None:
         return "—"
     amount = float(value)
-    return f"{amount:.1f}/s" if amount < 10 else f"{amount:,.0f}/s"
+    if abs(amount) < 0.05:
+        return "0.0/s"
+    return f"{amount:.1f}/s" if abs(amount) < 10 else f"{amount:,.0f}/s"
 
 
 @register.filter

@@ -193,6 +193,7 @@ def dead_letter_purge(request: HttpRequest) -> HttpResponse:
             reason=filters["reason"],
         ),
         lambda n: f"Purged {n:,} dead letters of {group}.",
+        lambda n: {"purged": n},
     )
     return _back(filters)
 

@@ -103,19 +103,9 @@ def _reset_args(form: QueryDict) -> dict[str, Any]:
         if args["timestamp_ms"] is None:
             raise errors.InvalidRequest("Choose a time to reset to.")
     elif to == "offsets":
-        offsets: dict[int, int] = {}
-        for item in form.get("offsets", "").replace("\n", ",").split(","):
-            if item.strip():
-                number, sep, offset = item.partition("=")
-                if not sep:
-                    raise errors.InvalidRequest("Offsets are 'partition=offset', comma separated.")
-                partition = pages.optional_int(number, "partition")
-                target = pages.optional_int(offset, "offset")
-                if partition is not None and target is not None:
-                    offsets[partition] = target
-        if not offsets:
+        args["offsets"] = pages.partition_offsets(form.get("offsets", ""))
+        if not args["offsets"]:
             raise errors.InvalidRequest("Give at least one partition=offset.")
-        args["offsets"] = offsets
     elif to == "shift":
         args["shift_by"] = pages.optional_int(form.get("shift_by"), "shift_by")
         if args["shift_by"] is None:
@@ -160,6 +150,7 @@ def group_reset(request: HttpRequest, name: str) -> HttpResponse:
         },
         lambda: groups.reset_offsets(access.principal(request), name, topic, force=force, **args),
         lambda r: f"Reset {name} on {topic}: committed total {r.committed_total:,}, lag {r.lag:,}.",
+        lambda r: {"committed_total": r.committed_total, "lag": r.lag},
     )
     return redirect("dashboard:group", name=name)
 

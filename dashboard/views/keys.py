@@ -45,6 +45,8 @@ def key_create(request: HttpRequest) -> HttpResponse:
         {"permissions": [str(p) for p in permissions]},
         lambda: keys.create_api_key(access.principal(request), name, permissions),
         lambda r: f"Created API key {r[0].name}. Copy its secret now: it is not shown again.",
+        # The record only: the secret is never written anywhere.
+        lambda r: {"id": r[0].id, "prefix": r[0].prefix},
     )
     if created is None:
         return redirect("dashboard:keys")

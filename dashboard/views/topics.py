@@ -166,13 +166,20 @@ def topic_alter(request: HttpRequest, name: str) -> HttpResponse:
 
 @access.console_operate
 def topic_purge(request: HttpRequest, name: str) -> HttpResponse:
+    """Purge everything, or with "up_to" (partition=offset, …) only what lies below those."""
+    try:
+        up_to = pages.partition_offsets(request.POST.get("up_to", "")) or None
+    except errors.BrokerError as exc:
+        access.flash_error(request, exc)
+        return redirect("dashboard:topic", name=name)
     access.perform(
         request,
         "topic.purge",
         name,
-        {},
-        lambda: topics.purge_topic(access.principal(request), name),
+        {"up_to": {str(k): v for k, v in up_to.items()} if up_to else None},
+        lambda: topics.purge_topic(access.principal(request), name, up_to),
         lambda r: f"Purged {r.removed:,} messages from {name}.",
+        lambda r: {"removed": r.removed},
     )
     return redirect("dashboard:topic", name=name)
 

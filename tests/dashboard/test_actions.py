@@ -202,3 +202,24 @@ def test_scheduled_reschedule__from_a_typed_time(operator, broker_data):
     tomorrow = dt.datetime.now(dt.UTC).replace(microsecond=0) + dt.timedelta(days=1)
     operator.post(f"/scheduled/{sid}/reschedule/", {"at": tomorrow.strftime("%Y-%m-%dT%H:%M:%S")})
     assert models.ScheduledMessage.objects.get(id=sid).due_ms == tomorrow.timestamp() * 1000
+
+
+def test_topic_purge__up_to_offsets(operator, broker_data):
+    before = models.Message.objects.filter(partition__number=0).count()
+    operator.post("/topics/orders/purge/", {"up_to": "0=1"})
+    entry = models.AuditEntry.objects.get()
+    assert entry.params == {"up_to": {"0": 1}}
+    assert entry.result == {"removed": min(before, 1)}
+
+
+def test_topic_purge__bad_offsets_are_refused_before_the_core(operator, broker_data):
+    operator.post("/topics/orders/purge/", {"up_to": "zero"})
+    assert not models.AuditEntry.objects.exists()
+    assert b"is not partition=offset" in operator.get("/topics/orders/").content
+
+
+def test_key_create__audit_never_holds_the_secret(operator, db):
+    response = operator.post("/keys/create/", {"name": "svc", "permissions": "consume:*"})
+    entry = models.AuditEntry.objects.get()
+    assert response.context["new_secret"] not in str(entry.params) + str(entry.result)
+    assert entry.result["prefix"]
