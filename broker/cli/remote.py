@@ -4,6 +4,7 @@ The same nouns and verbs, answered over REST through the Python client (ferry_cl
 of the database: nothing here imports the core. Verbs without a remote form say so.
 """
 
+import logging
 import os
 from collections.abc import Callable
 from typing import Any
@@ -43,6 +44,8 @@ def run(command: BaseCommand, options: dict[str, Any], url: str) -> None:
         raise CommandError(
             f"`ferry {name}` has no remote form; run it where the broker's database is."
         )
+    # One line per HTTP request would bury the command's own output.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     api_key = os.environ.get("FERRY_KEY", "")
     if not api_key:
         raise CommandError("Remote mode needs an API key: set FERRY_KEY.")

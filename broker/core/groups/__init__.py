@@ -4,7 +4,8 @@ A committed offset is the next offset the group reads (Kafka's convention). A gr
 never committed on a partition starts at the partition's start offset: seed 000's "consume the
 topic from the beginning" (docs/decisions/0004-new-group-starts-at-earliest.md).
 
-The package: positions.py (group names, committed offsets: poll, commit, reset) and info.py
+The package: positions.py (group names, committed offsets: poll, commit; delete a group),
+reset.py (reset and its preview) and info.py
 (describe, list, overview: offsets, lag, members). Its public names are re-exported here:
 callers use `groups.<name>`.
 """
@@ -17,17 +18,15 @@ from broker.core.groups.info import (
     settings_of,
 )
 from broker.core.groups.positions import (
-    RESET_TARGETS,
     commit_offsets,
     delete_group,
     ensure_offsets,
     poll_messages,
     poll_messages_async,
-    preview_reset,
-    reset_offsets,
     topic_for_consume,
     validate_group_name,
 )
+from broker.core.groups.reset import RESET_TARGETS, preview_reset, reset_offsets
 
 __all__ = [
     "RESET_TARGETS",
