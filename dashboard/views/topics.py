@@ -7,7 +7,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect
 from django.urls import reverse
 
-from broker.core import console, errors, history, log, topics
+from broker.core import console, errors, groups, history, log, topics
 from dashboard import access, pages
 
 SORTS = {
@@ -31,19 +31,27 @@ CHART_GROUPS = 5
 
 @access.console_view
 def topic_list(request: HttpRequest) -> HttpResponse:
-    rows = topics.list_topics(access.principal(request))
+    principal = access.principal(request)
+    rows = topics.list_topics(principal)
     search = pages.text_param(request, "q")
     if search:
         rows = [t for t in rows if search.lower() in t.name.lower()]
     sort = request.GET.get("sort", "name")
     key = SORTS.get(sort.lstrip("-"), SORTS["name"])
     rows.sort(key=key, reverse=sort.startswith("-"))
+    page = pages.paginate(request, rows)
+    # Which groups read each topic and how far behind they are (AKHQ shows this; Kafka UI not).
+    readers: dict[str, list[tuple[str, int]]] = {}
+    for group, offsets in sorted(groups.list_group_offsets(principal).items()):
+        for t in offsets:
+            readers.setdefault(t.topic, []).append((group, t.lag))
     return pages.render(
         request,
         "console/topics.html",
         {
             "section": "topics",
-            "page": pages.paginate(request, rows),
+            "page": page,
+            "rows": [(t, readers.get(t.name, [])) for t in page.items],
             "q": search or "",
             "sort": sort,
             "sort_choices": SORT_CHOICES,
