@@ -27,7 +27,11 @@ def _context(request: HttpRequest) -> dict[str, Any]:
         "topic": topic or "",
         "items": rows[:PAGE_SIZE],
         "total": scheduling.count_scheduled(principal, topic),
-        "histogram": [(at, n, round(100 * n / peak) if peak else 0) for at, n in histogram],
+        # (bucket start, count, bar height %, start as a duration from the first bucket)
+        "histogram": [
+            (at, n, round(100 * n / peak) if peak else 0, at - histogram[0][0])
+            for at, n in histogram
+        ],
         "next_url": "?" + urlencode({**base, "after": rows[PAGE_SIZE - 1].id})
         if len(rows) > PAGE_SIZE
         else None,
