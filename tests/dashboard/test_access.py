@@ -94,6 +94,7 @@ def test_action__needs_csrf_token(db, broker_data, url, data):
     client.force_login(User.objects.create_superuser("csrf", password="pw"))
     response = client.post(url.format(**_ids(broker_data)), data)
     assert response.status_code == 403
+    assert b'data-testid="csrf-failure"' in response.content
     assert not models.AuditEntry.objects.exists()
 
 

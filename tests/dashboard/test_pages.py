@@ -122,3 +122,13 @@ def test_base__has_the_live_contract(admin_client, db):
     assert "console/live.js" in body
     assert "favicon.svg" in body
     assert "vendor/htmx/htmx.min.js" in body
+
+
+def test_overview__shows_the_groups_furthest_behind(admin_client, broker_data, topic_factory):
+    for i in range(16):
+        topic_factory(f"more-{i}")
+    page = admin_client.get("/")
+    assert len(page.context["topics"]) == 15
+    assert page.context["topics"][0]["info"].name == "orders"
+    assert page.context["more_topics"] == 2
+    assert b'data-testid="more-topics"' in page.content
