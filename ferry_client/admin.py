@@ -200,13 +200,19 @@ class Admin:
         self,
         group: str,
         topic: str,
-        to: Literal["earliest", "latest", "timestamp", "offsets"],
+        to: Literal["earliest", "latest", "timestamp", "offsets", "shift"],
         *,
         timestamp_ms: int | None = None,
         offsets: Mapping[int, int] | None = None,
+        shift_by: int | None = None,
         force: bool = False,
+        dry_run: bool = False,
     ) -> Json:
-        """Move the group's committed offsets on a topic (offsets: partition → offset)."""
+        """Move the group's committed offsets on a topic (offsets: partition → offset).
+
+        With dry_run, answer per partition what would move ({"partitions": [{partition,
+        current, target, delta}]}) and move nothing.
+        """
         body = given(
             {
                 "topic": topic,
@@ -215,7 +221,9 @@ class Admin:
                 "offsets": [{"partition": p, "offset": o} for p, o in sorted(offsets.items())]
                 if offsets is not None
                 else None,
+                "shift_by": shift_by,
                 "force": force,
+                "dry_run": dry_run or None,
             }
         )
         result: Json = self._rest.request("POST", f"/groups/{group}/reset", json=body)

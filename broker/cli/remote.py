@@ -6,6 +6,7 @@ of the database: nothing here imports the core. Verbs without a remote form say 
 
 import logging
 import os
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -13,6 +14,7 @@ import orjson
 from django.core.management.base import BaseCommand, CommandError
 
 from broker.cli import produce as produce_noun
+from broker.cli import scheduled as scheduled_noun
 from broker.cli import table
 from broker.cli import topics as topics_noun
 from ferry_client import Admin, Producer, errors, transport
@@ -355,6 +357,152 @@ def apikey_revoke(command: BaseCommand, options: dict[str, Any], remote: Remote)
     command.stdout.write(f"revoked API key {revoked['name']}")
 
 
+def groups_reset(command: BaseCommand, options: dict[str, Any], remote: Remote) -> None:
+    if options["to_earliest"]:
+        to = "earliest"
+    elif options["to_latest"]:
+        to = "latest"
+    elif options["to_timestamp"] is not None:
+        to = "timestamp"
+    elif options["shift_by"] is not None:
+        to = "shift"
+    else:
+        to = "offsets"
+    result = remote.admin.reset_offsets(
+        options["group"],
+        options["topic"],
+        to,  # type: ignore[arg-type]  # one of the literals, chosen above
+        timestamp_ms=options["to_timestamp"],
+        offsets=dict(options["to_offset"]) if options["to_offset"] else None,
+        shift_by=options["shift_by"],
+        force=options["force"],
+        dry_run=options["dry_run"],
+    )
+    if options["dry_run"]:
+        rows = [
+            (options["topic"], r["partition"], r["current"], r["target"], f"{r['delta']:+d}")
+            for r in result["partitions"]
+        ]
+        command.stdout.write(
+            table.render(("topic", "partition", "committed", "target", "delta"), rows)
+        )
+        command.stdout.write("dry run: nothing moved")
+        return
+    moved = [
+        (
+            result["topic"],
+            p["partition"],
+            p["committed_offset"],
+            p["start_offset"],
+            p["end_offset"],
+            p["lag"],
+        )
+        for p in result["partitions"]
+    ]
+    command.stdout.write(
+        table.render(("topic", "partition", "committed", "start", "end", "lag"), moved)
+    )
+
+
+def messages_lookup(command: BaseCommand, options: dict[str, Any], remote: Remote) -> None:
+    if options["tag"] is not None:
+        raise CommandError("`messages lookup --tag` has no remote form; use --key or --id.")
+    result = remote.admin.lookup_messages(
+        options["topic"],
+        key=options["key"],
+        id=options["client_id"],
+        partition=options["partition"],
+        limit=options["limit"],
+    )
+    rows = [
+        (
+            m["partition"],
+            m["offset"],
+            table.at(m["timestamp_ms"]),
+            m["key"],
+            m["id"],
+            m["tag"],
+            orjson.dumps(m["value"]).decode() if "value" in m else "b64:" + m["value_b64"],
+        )
+        for m in result["messages"]
+    ]
+    command.stdout.write(
+        table.render(("partition", "offset", "time", "key", "id", "tag", "value"), rows)
+    )
+
+
+def _due(info: dict[str, Any]) -> str:
+    return scheduled_noun.due(info["deliver_at_ms"])
+
+
+def scheduled_list(command: BaseCommand, options: dict[str, Any], remote: Remote) -> None:
+    page = remote.admin.list_scheduled(
+        options["topic"], after=options["after"], limit=options["limit"]
+    )
+    rows = [
+        (
+            s["id"],
+            _due(s),
+            s["partition"],
+            s["key"],
+            s["tag"],
+            orjson.dumps(s["value"]).decode() if "value" in s else "b64:" + s["value_b64"],
+        )
+        for s in page["scheduled"]
+    ]
+    command.stdout.write(table.render(("id", "due", "partition", "key", "tag", "value"), rows))
+
+
+def scheduled_cancel(command: BaseCommand, options: dict[str, Any], remote: Remote) -> None:
+    info = remote.admin.cancel_scheduled(options["id"])
+    command.stdout.write(
+        f"cancelled scheduled message {info['id']} on {info['topic']} (was due {_due(info)})"
+    )
+
+
+def scheduled_deliver_now(command: BaseCommand, options: dict[str, Any], remote: Remote) -> None:
+    info = remote.admin.deliver_now(options["id"])
+    command.stdout.write(f"scheduled message {info['id']} on {info['topic']} is due now")
+
+
+def scheduled_reschedule(command: BaseCommand, options: dict[str, Any], remote: Remote) -> None:
+    due_ms = options["at_ms"]
+    if due_ms is None:
+        # The remote broker's clock decides the limit; this machine's only sets the time.
+        due_ms = int(time.time() * 1000) + options["delay_ms"]
+    info = remote.admin.reschedule(options["id"], due_ms)
+    command.stdout.write(f"scheduled message {info['id']} on {info['topic']} is due {_due(info)}")
+
+
+def audit_list(command: BaseCommand, options: dict[str, Any], remote: Remote) -> None:
+    page = remote.admin.audit(
+        action=options["action"],
+        actor=options["actor"],
+        source=options["source"],
+        target=options["target"],
+        before_id=options["before_id"],
+        limit=options["limit"],
+    )
+    rows = [
+        (
+            e["id"],
+            table.at(e["at_ms"]),
+            e["actor"],
+            e["source"],
+            e["action"],
+            e["target"],
+            e["outcome"],
+            orjson.dumps(e["params"]).decode() if e["params"] else None,
+        )
+        for e in page["items"]
+    ]
+    command.stdout.write(
+        table.render(("id", "at", "actor", "source", "action", "target", "outcome", "params"), rows)
+    )
+    if page["next_before_id"] is not None:
+        command.stdout.write(f"more: --before-id {page['next_before_id']}")
+
+
 HANDLERS: dict[tuple[str, str | None], Handler] = {
     ("topics", "list"): topics_list,
     ("topics", "describe"): topics_describe,
@@ -364,6 +512,13 @@ HANDLERS: dict[tuple[str, str | None], Handler] = {
     ("groups", "list"): groups_list,
     ("groups", "describe"): groups_describe,
     ("groups", "delete"): groups_delete,
+    ("groups", "reset"): groups_reset,
+    ("messages", "lookup"): messages_lookup,
+    ("scheduled", "list"): scheduled_list,
+    ("scheduled", "cancel"): scheduled_cancel,
+    ("scheduled", "deliver-now"): scheduled_deliver_now,
+    ("scheduled", "reschedule"): scheduled_reschedule,
+    ("audit", "list"): audit_list,
     ("produce", None): produce,
     ("consume", None): consume,
     ("dlq", "list"): dlq_list,

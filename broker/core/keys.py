@@ -165,7 +165,11 @@ def _info(row: models.ApiKey) -> ApiKeyInfo:
 def create_api_key(
     principal: Principal, name: str, permissions: Iterable[Permission]
 ) -> tuple[ApiKeyInfo, str]:
-    """Create a key; returns its record and the secret, which is never stored nor shown again."""
+    """Create a key; returns its record and the secret, which is never stored nor shown again.
+
+    created_by is actor_name(principal): "key:<name>" for an API key, else the principal's name
+    ("console", or "user:<username>" for a dashboard principal named so).
+    """
     require_superuser(principal)
     perms = list(permissions)
     if not name or len(name) > 200:

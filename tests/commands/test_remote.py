@@ -74,10 +74,31 @@ def test_remote__errors(remote, monkeypatch, broker_url):
     with pytest.raises(CommandError, match=r"^topic_not_found: "):
         remote("topics", "describe", "missing")
     with pytest.raises(CommandError, match="has no remote form"):
-        remote("scheduled", "list", "t")
+        remote("messages", "show", "t", "0", "0")
     monkeypatch.delenv("FERRY_KEY")
     with pytest.raises(CommandError, match="FERRY_KEY"):
         remote("topics", "list")
     monkeypatch.setenv("FERRY_KEY", "fry_wrong")
     with pytest.raises(CommandError, match=r"^unauthenticated: "):
         remote("topics", "list")
+
+
+def test_remote__reset_lookup_scheduled_audit(remote):
+    remote("topics", "create", "orders")
+    remote("produce", "orders", "--key", "k", stdin="a\nb\nc\n")
+    remote("consume", "orders", "--group", "g")
+    preview = remote("groups", "reset", "g", "--topic", "orders", "--shift-by", "-2", "--dry-run")
+    assert preview.splitlines()[1].split() == ["orders", "0", "3", "1", "-2"]
+    moved = remote("groups", "reset", "g", "--topic", "orders", "--shift-by", "-2")
+    assert moved.splitlines()[1].split()[:3] == ["orders", "0", "1"]
+    found = remote("messages", "lookup", "orders", "--key", "k").splitlines()
+    assert [line.split()[:2] for line in found[1:]] == [["0", "2"], ["0", "1"], ["0", "0"]]
+    remote("produce", "orders", "--delay-ms", "60000", stdin="later\n")
+    (row,) = remote("scheduled", "list", "orders").splitlines()[1:]
+    sid = row.split()[0]
+    assert "is due" in remote("scheduled", "reschedule", sid, "--delay-ms", "120000")
+    assert remote("scheduled", "deliver-now", sid).endswith("is due now\n")
+    actions = [line.split()[4] for line in remote("audit", "list").splitlines()[1:]]
+    assert actions[:3] == ["scheduled.deliver_now", "scheduled.reschedule", "group.reset"]
+    with pytest.raises(CommandError, match="no remote form"):
+        remote("messages", "lookup", "orders", "--tag", "x")
