@@ -1,7 +1,10 @@
 """Who may see and do what: the login page, staff only, the view and operate roles, CSRF."""
 
+import io
+
 import pytest
 from django.contrib.auth.models import User
+from django.core.management import call_command
 from django.test import Client
 
 from broker import models
@@ -110,3 +113,11 @@ def test_action__with_csrf_token_goes_through(db, broker_data):
 
 def _ids(data):
     return {"letter": data["letters"][0], "scheduled": data["scheduled"][0], "key": "any", "due": 1}
+
+
+def test_bootstrap__dashboard_login_has_both_roles(db):
+    call_command("ferry", "bootstrap", stdout=io.StringIO())
+    user = User.objects.get(username="admin")
+    assert user.is_staff
+    assert user.has_perm("broker.view_console")
+    assert user.has_perm("broker.operate_console")
