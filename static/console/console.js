@@ -17,6 +17,18 @@
     });
   }
 
+  // A datetime-local field is the viewer's local time: send it as epoch ms in the named field.
+  document.addEventListener("submit", function (event) {
+    const form = event.target;
+    if (!(form instanceof HTMLFormElement)) return;
+    form.querySelectorAll("input[data-epoch-field]").forEach(function (input) {
+      const target = form.querySelector('input[name="' + input.dataset.epochField + '"]');
+      if (!target) return;
+      const at = input.value ? new Date(input.value) : null;
+      target.value = at && !isNaN(at) ? String(at.getTime()) : "";
+    });
+  }, true);  // capture: before htmx or the confirm step reads the form
+
   // Every form with data-confirm asks first, in a <dialog> (#confirm-ok / #confirm-cancel).
   let confirmed = null;
   function askThenSubmit(form, submitter, message) {
@@ -47,18 +59,6 @@
     event.stopImmediatePropagation();
     askThenSubmit(form, event.submitter, message);
   }, true);
-
-  // A datetime-local field is the viewer's local time: send it as epoch ms in the named field.
-  document.addEventListener("submit", function (event) {
-    const form = event.target;
-    if (!(form instanceof HTMLFormElement)) return;
-    form.querySelectorAll("input[data-epoch-field]").forEach(function (input) {
-      const target = form.querySelector('input[name="' + input.dataset.epochField + '"]');
-      if (!target) return;
-      const at = input.value ? new Date(input.value) : null;
-      target.value = at && !isNaN(at) ? String(at.getTime()) : "";
-    });
-  });
 
   // A live region is not refreshed while the operator is working in it: boxes ticked, a
   // details panel open, or a field focused. Used in hx-trigger filters.
