@@ -140,7 +140,9 @@ STATICFILES_DIRS = [BASE_DIR / "static"]
 # folders, so the embedded run needs no collectstatic step and no web server in front.
 WHITENOISE_USE_FINDERS = True
 
-LOGIN_URL = "/admin/login/"
+LOGIN_URL = "/login/"
+LOGIN_REDIRECT_URL = "/"
+LOGOUT_REDIRECT_URL = "/login/"
 
 # Batches of up to FERRY_MAX_BATCH_MESSAGES messages must fit; see broker/settings.py.
 DATA_UPLOAD_MAX_MEMORY_SIZE = int(os.environ.get("FERRY_MAX_REQUEST_BYTES", 64 * 1024 * 1024))

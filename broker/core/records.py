@@ -385,6 +385,76 @@ class TraceInfo:
 
 
 @dataclass(frozen=True)
+class Actor:
+    """Who asked for an audited action, and through which edge (core/audit.py)."""
+
+    name: str  # "user:<username>", "key:<keyname>" or "console"
+    source: str  # "dashboard" | "api" | "console"
+    client_ip: str = ""
+    user_agent: str = ""
+
+
+@dataclass(frozen=True)
+class AuditInfo:
+    id: int
+    at_ms: int
+    actor: str
+    source: str
+    action: str
+    target: str
+    params: dict[str, Any]
+    # "ok", or the code of the BrokerError that refused the action.
+    outcome: str
+    result: dict[str, Any]
+    client_ip: str
+    user_agent: str
+
+
+@dataclass(frozen=True)
+class AuditPage:
+    items: tuple[AuditInfo, ...]
+    # Pass as before_id for the next (older) page; None on the last page.
+    next_before_id: int | None
+
+
+@dataclass(frozen=True)
+class BrowsedMessage:
+    """A stored message as the message browser shows it."""
+
+    partition: int
+    offset: int
+    timestamp_ms: int
+    key: str | None
+    tag: str | None
+    headers: dict[str, str]
+    value: bytes
+    is_json: bool
+    client_id: str | None
+    size_bytes: int
+
+
+@dataclass(frozen=True)
+class BrowsePage:
+    items: tuple[BrowsedMessage, ...]
+    # Opaque cursors for browse_messages(cursor=...): the next page in this page's direction
+    # (older when newest first), and the page before this one, read in the other direction.
+    # None when there is nothing more that way.
+    next_cursor: str | None
+    prev_cursor: str | None
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    items: tuple[BrowsedMessage, ...]
+    # Messages read to find these; 0 for an indexed lookup.
+    scanned: int
+    # Whether every stored message was considered (False: the scan stopped at scan_limit).
+    complete: bool
+    # Whether an index answered (key, client id) instead of a scan (tag, header).
+    indexed: bool
+
+
+@dataclass(frozen=True)
 class TopicPoint:
     """One history sample of a topic (core/history.py); in_per_s is None for the first."""
 
@@ -515,73 +585,3 @@ class BrokerFigures:
     scheduled: dict[str, int]
     # kind -> processes alive (heartbeat within 30 s)
     processes_alive: dict[str, int]
-
-
-@dataclass(frozen=True)
-class Actor:
-    """Who asked for an audited action, and through which edge (core/audit.py)."""
-
-    name: str  # "user:<username>", "key:<keyname>" or "console"
-    source: str  # "dashboard" | "api" | "console"
-    client_ip: str = ""
-    user_agent: str = ""
-
-
-@dataclass(frozen=True)
-class AuditInfo:
-    id: int
-    at_ms: int
-    actor: str
-    source: str
-    action: str
-    target: str
-    params: dict[str, Any]
-    # "ok", or the code of the BrokerError that refused the action.
-    outcome: str
-    result: dict[str, Any]
-    client_ip: str
-    user_agent: str
-
-
-@dataclass(frozen=True)
-class AuditPage:
-    items: tuple[AuditInfo, ...]
-    # Pass as before_id for the next (older) page; None on the last page.
-    next_before_id: int | None
-
-
-@dataclass(frozen=True)
-class BrowsedMessage:
-    """A stored message as the message browser shows it."""
-
-    partition: int
-    offset: int
-    timestamp_ms: int
-    key: str | None
-    tag: str | None
-    headers: dict[str, str]
-    value: bytes
-    is_json: bool
-    client_id: str | None
-    size_bytes: int
-
-
-@dataclass(frozen=True)
-class BrowsePage:
-    items: tuple[BrowsedMessage, ...]
-    # Opaque cursors for browse_messages(cursor=...): the next page in this page's direction
-    # (older when newest first), and the page before this one, read in the other direction.
-    # None when there is nothing more that way.
-    next_cursor: str | None
-    prev_cursor: str | None
-
-
-@dataclass(frozen=True)
-class SearchResult:
-    items: tuple[BrowsedMessage, ...]
-    # Messages read to find these; 0 for an indexed lookup.
-    scanned: int
-    # Whether every stored message was considered (False: the scan stopped at scan_limit).
-    complete: bool
-    # Whether an index answered (key, client id) instead of a scan (tag, header).
-    indexed: bool

@@ -10,7 +10,13 @@ reset.py (reset and its preview) and info.py
 callers use `groups.<name>`.
 """
 
-from broker.core.groups.info import describe_group, list_groups, overview, settings_of
+from broker.core.groups.info import (
+    describe_group,
+    list_group_offsets,
+    list_groups,
+    overview,
+    settings_of,
+)
 from broker.core.groups.positions import (
     commit_offsets,
     delete_group,
@@ -28,6 +34,7 @@ __all__ = [
     "delete_group",
     "describe_group",
     "ensure_offsets",
+    "list_group_offsets",
     "list_groups",
     "overview",
     "poll_messages",

@@ -136,8 +136,18 @@ def list_groups(principal: Principal) -> list[GroupInfo]:
     return [_group_info(principal, rows[name], by_group[name]) for name in sorted(by_group)]
 
 
+def list_group_offsets(principal: Principal) -> dict[str, list[GroupTopicOffsets]]:
+    """Per group, its offsets and lag on each topic the principal may consume.
+
+    list_groups without members, settings and dead-letter counts: a fixed number of queries
+    however many groups there are (the console's overview and lists).
+    """
+    return _offsets_by_group(principal, {})
+
+
 def overview(principal: Principal) -> Overview:
     """Seed 000's overview: the topics, and per group and topic its offsets and lag."""
     visible_topics = topics.list_topics(principal)
-    groups = [t for g in list_groups(principal) for t in g.topics]
+    by_group = list_group_offsets(principal)
+    groups = [t for name in sorted(by_group) for t in by_group[name]]
     return Overview(topics=tuple(visible_topics), groups=tuple(groups))

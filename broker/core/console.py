@@ -1,0 +1,125 @@
+"""Reads only the console pages need: page-wide counts in a few aggregate queries.
+
+The console shows these on every refresh of the overview and the dead-letter page, over large
+tables, so each figure is one aggregate in SQL rather than a walk over rows
+(docs/console-ui.md#pages).
+"""
+
+from dataclasses import dataclass
+
+from django.db.models import Count, F, Sum
+
+from broker import models
+from broker.core import groups, keys
+from broker.core.records import GroupTopicOffsets, Principal
+
+
+@dataclass(frozen=True)
+class ConsoleSummary:
+    topics: int
+    partitions: int
+    # Messages stored now (end minus start offset, summed) and every message ever appended.
+    message_count: int
+    end_offset_total: int
+    bytes_stored: int
+    groups: int
+    members: int
+    dead_letters: int
+    scheduled: int
+
+
+@dataclass(frozen=True)
+class GroupSummary:
+    """A row of the groups list: offsets per topic, and how many members and dead letters."""
+
+    name: str
+    topics: tuple[GroupTopicOffsets, ...]
+    members: int
+    dead_letters: int
+
+    @property
+    def lag(self) -> int:
+        """Total over the topics' partitions."""
+        return sum(t.lag for t in self.topics)
+
+    @property
+    def in_flight(self) -> int:
+        return sum(t.in_flight for t in self.topics)
+
+    @property
+    def retry_waiting(self) -> int:
+        return sum(t.retry_waiting for t in self.topics)
+
+
+@dataclass(frozen=True)
+class DeadLetterCount:
+    group: str
+    topic: str
+    count: int
+
+
+def summary(principal: Principal) -> ConsoleSummary:
+    """Totals over the whole broker for the overview's cards."""
+    keys.require_superuser(principal)
+    partitions = models.Partition.objects.aggregate(
+        partitions=Count("id"),
+        stored=Sum(F("next_offset") - F("start_offset")),
+        ends=Sum("next_offset"),
+        size=Sum("bytes_stored"),
+    )
+    return ConsoleSummary(
+        topics=models.Topic.objects.count(),
+        partitions=partitions["partitions"] or 0,
+        message_count=partitions["stored"] or 0,
+        end_offset_total=partitions["ends"] or 0,
+        bytes_stored=partitions["size"] or 0,
+        groups=models.ConsumerGroup.objects.count(),
+        members=models.GroupMember.objects.count(),
+        dead_letters=models.DeadLetter.objects.count(),
+        scheduled=models.ScheduledMessage.objects.count(),
+    )
+
+
+def dead_letter_counts(principal: Principal) -> list[DeadLetterCount]:
+    """How many dead letters each group holds per topic, by group then topic."""
+    keys.require_superuser(principal)
+    rows = (
+        models.DeadLetter.objects.values("group__name", "topic__name")
+        .annotate(count=Count("id"))
+        .order_by("group__name", "topic__name")
+    )
+    return [
+        DeadLetterCount(group=row["group__name"], topic=row["topic__name"], count=row["count"])
+        for row in rows
+    ]
+
+
+def list_group_summaries(principal: Principal) -> list[GroupSummary]:
+    """Every group with offsets or members on a visible topic, by name, in a few queries."""
+    by_group = groups.list_group_offsets(principal)
+    members: dict[str, int] = {}
+    for name, topic, count in (
+        models.GroupMember.objects.values("group__name", "topic__name")
+        .annotate(n=Count("id"))
+        .values_list("group__name", "topic__name", "n")
+    ):
+        if keys.allows(principal, topic, "consume"):
+            members[name] = members.get(name, 0) + count
+            by_group.setdefault(name, [])
+    dead: dict[str, int] = {}
+    for name, topic, count in (
+        models.DeadLetter.objects.values("group__name", "topic__name")
+        .annotate(n=Count("id"))
+        .values_list("group__name", "topic__name", "n")
+    ):
+        if keys.allows(principal, topic, "consume"):
+            dead[name] = dead.get(name, 0) + count
+    return [
+        GroupSummary(
+            name=name,
+            topics=tuple(by_group[name]),
+            members=members.get(name, 0),
+            dead_letters=dead.get(name, 0),
+        )
+        for name in sorted(by_group)
+    ]

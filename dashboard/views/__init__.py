@@ -1,0 +1,1 @@
+"""Console views, one module per page (docs/console-ui.md): authenticate, one core call, render."""

@@ -1,0 +1,46 @@
+"""The overview: totals, topics, groups, rates and broker processes (live)."""
+
+from typing import Any
+
+from django.http import HttpRequest, HttpResponse
+
+from broker.core import console, groups, history, processes
+from dashboard import access, pages
+
+OVERVIEW_ROWS = 15
+
+
+def _context(request: HttpRequest) -> dict[str, Any]:
+    principal = access.principal(request)
+    overview = groups.overview(principal)
+    rates = history.rates(principal)
+    # The busiest topics and the groups furthest behind; the lists pages hold the rest.
+    busiest = sorted(overview.topics, key=lambda t: (-t.message_count, t.name))
+    behind = sorted(overview.groups, key=lambda g: (-g.lag, g.group, g.topic))
+    return {
+        "summary": console.summary(principal),
+        "topics": [
+            {"info": t, "in_per_s": rates.in_per_s.get(t.name, 0.0)}
+            for t in busiest[:OVERVIEW_ROWS]
+        ],
+        "more_topics": max(0, len(busiest) - OVERVIEW_ROWS),
+        "groups": [
+            {"offsets": g, "out_per_s": rates.out_per_s.get((g.group, g.topic), 0.0)}
+            for g in behind[:OVERVIEW_ROWS]
+        ],
+        "more_groups": max(0, len(behind) - OVERVIEW_ROWS),
+        "rates": rates,
+        "processes": processes.list_processes(principal),
+    }
+
+
+@access.console_view
+def overview(request: HttpRequest) -> HttpResponse:
+    context = _context(request)
+    context["section"] = "overview"
+    return pages.render(request, "console/overview.html", context)
+
+
+@access.console_view
+def overview_live(request: HttpRequest) -> HttpResponse:
+    return pages.render(request, "console/partials/overview_live.html", _context(request))
