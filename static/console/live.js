@@ -84,26 +84,5 @@
     pause = Math.min(MAX_PAUSE_MS, pause * 2);
   }
 
-  // Times are rendered as <time datetime="ISO UTC">; show them in the viewer's timezone.
-  function localizeTimes(root) {
-    var nodes = (root || document).querySelectorAll("time[datetime]:not([data-localized])");
-    for (var i = 0; i < nodes.length; i++) {
-      var node = nodes[i];
-      var when = new Date(node.getAttribute("datetime"));
-      if (isNaN(when.getTime())) continue;
-      node.title = node.getAttribute("datetime");
-      node.textContent = when.toLocaleString();
-      node.dataset.localized = "1";
-    }
-  }
-
-  document.addEventListener("DOMContentLoaded", function () {
-    localizeTimes(document);
-    connect();
-  });
-  // htmx swaps in new partials: localize their times too.
-  document.addEventListener("htmx:afterSettle", function (event) {
-    localizeTimes(event.target);
-  });
-  window.ferryConsole = { localizeTimes: localizeTimes };
+  document.addEventListener("DOMContentLoaded", connect);
 })();
