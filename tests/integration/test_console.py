@@ -9,8 +9,8 @@ With FERRY_SCREENSHOT_DIR set (scripts/screenshots), every page is saved there a
 import asyncio
 import os
 import subprocess
-from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
 PASSWORD = "console-password-1"
 WAIT_MS = 15_000
+# Live regions refresh within a second or two; a busy CI machine gets room.
+expect.set_options(timeout=WAIT_MS)
 
 
 @pytest.fixture(scope="module")
@@ -95,6 +97,11 @@ def api(url: str, secret: str) -> httpx.Client:
     return httpx.Client(
         base_url=f"{url}/api/v1", headers={"Authorization": f"Bearer {secret}"}, timeout=30
     )
+
+
+def status_with_key(url: str, secret: str, path: str) -> int:
+    with api(url, secret) as client:
+        return client.get(path).status_code
 
 
 def admin_key(name: str = "e2e") -> str:
@@ -182,3 +189,180 @@ def test_console_socket__session_and_origin_checked_by_daphne(console_url: str) 
     assert elsewhere.value.response.status_code == 403
     hello = _handshake(console_url, {"Cookie": cookie, "Origin": console_url})
     assert orjson.loads(hello) == {"type": "hello", "interval_ms": 300}
+
+
+def confirm_and_expect_success(page: Page) -> None:
+    """Accept the console's confirm step; the action answers with a new page and its message."""
+    with page.expect_navigation():
+        page.click("#confirm-ok")
+    expect(page.get_by_test_id("flash-success").last).to_be_visible()
+
+
+def open_panel(page: Page, panel_id: str) -> None:
+    """Open a <details> action panel unless the page opened it already (e.g. an empty list)."""
+    panel = page.locator(f"#{panel_id}")
+    if panel.get_attribute("open") is None:
+        panel.locator("> summary").click()
+
+
+def test_console__an_operator_walks_through(browser: Browser, console_url: str) -> None:
+    make_user("operator", superuser=True)
+    with api(console_url, admin_key()) as rest:
+        walk(browser, console_url, rest)
+
+
+def walk(browser: Browser, console_url: str, rest: httpx.Client) -> None:
+    page = log_in(browser, console_url, "operator")
+    expect(page.locator("#live-status")).to_have_text("live")
+
+    # Create a topic from its form, through the confirm step.
+    page.goto(f"{console_url}/topics/")
+    open_panel(page, "create-topic")
+    page.fill("#topic-create-name", "orders")
+    page.fill("#topic-create-partitions", "2")
+    page.click("#topic-create-submit")
+    confirm_and_expect_success(page)
+
+    # Produce over REST: the topic page's counters move without a reload.
+    page.goto(f"{console_url}/topics/orders/")
+    expect(page.locator("#topic-message-count")).to_have_text("0")
+    produced = rest.post(
+        "/topics/orders/messages",
+        json={
+            "messages": [
+                {
+                    "value": {"order": i},
+                    "key": f"customer-{i % 3}",
+                    "id": f"order-{i}",
+                    "tag": "paid",
+                }
+                for i in range(30)
+            ]
+        },
+    )
+    assert produced.status_code == 200
+    expect(page.locator("#topic-message-count")).to_have_text("30")
+    screenshot(page, "topic")
+
+    # Browse, search by key and by id, and view a binary message with its lifecycle.
+    binary = rest.post(
+        "/topics/orders/messages",
+        json={"messages": [{"value_b64": "AAEC/w==", "partition": 1, "key": "raw"}]},
+    )
+    assert binary.status_code == 200, binary.text
+    raw_offset = binary.json()["results"][0]["offset"]
+    page.goto(f"{console_url}/topics/orders/messages/")
+    expect(page.locator("#messages-table tr[data-offset]")).to_have_count(31)
+    screenshot(page, "messages")
+    page.select_option("#search-field", "key")
+    page.fill("#search-q", "customer-1")
+    page.click("#search-submit")
+    expect(page.locator("#messages-table tr[data-offset]")).to_have_count(10)
+    page.select_option("#search-field", "id")
+    page.fill("#search-q", "order-7")
+    page.click("#search-submit")
+    expect(page.locator("#messages-table tr[data-offset]")).to_have_count(1)
+    page.goto(f"{console_url}/topics/orders/messages/1/{raw_offset}/")
+    expect(page.locator("#message-value-hex")).to_contain_text("0001 02ff")
+    expect(page.locator("#message-value-base64")).to_contain_text("AAEC/w==")
+    screenshot(page, "message")
+
+    # A consumer group's lag appears, then falls live as a member acks.
+    joined = rest.post("/groups/billing/members", json={"topic": "orders", "member_id": "w1"})
+    assert joined.status_code == 201
+    polled = rest.post(
+        "/groups/billing/poll", json={"topic": "orders", "member_id": "w1", "max_messages": 10}
+    )
+    receipts = [m["receipt"] for m in polled.json()["messages"]]
+    page.goto(f"{console_url}/groups/billing/")
+    total = page.locator(
+        '[data-testid=group-partitions][data-topic="orders"] [data-testid=topic-lag-total]'
+    )
+    expect(total).to_have_text("31")
+    assert rest.post("/groups/billing/ack", json={"receipts": receipts}).status_code == 200
+    expect(total).to_have_text("21")
+    screenshot(page, "group")
+
+    # Reset the group's offsets to the end, with a preview of what moves first.
+    rest.delete("/groups/billing/members/w1")
+    open_panel(page, "group-reset")
+    page.select_option("#reset-topic", "orders")
+    page.select_option("#reset-to", "latest")
+    page.click("#reset-preview-submit")
+    expect(page.locator("#reset-preview-table")).to_be_visible()
+    expect(page.locator("#reset-preview-table")).to_contain_text("+")
+    page.click("#reset-submit")
+    confirm_and_expect_success(page)
+    expect(total).to_have_text("0")
+
+    # A dead letter is redriven from the page, then consumed.
+    rest.post("/groups/audit/members", json={"topic": "orders", "member_id": "a1"})
+    rejected = rest.post(
+        "/groups/audit/poll", json={"topic": "orders", "member_id": "a1", "max_messages": 1}
+    ).json()["messages"][0]
+    rest.post("/groups/audit/reject", json={"receipts": [rejected["receipt"]]})
+    page.goto(f"{console_url}/dead-letters/?group=audit")
+    letter = page.locator("#dead-letters-table tr[data-dead-letter-id]")
+    expect(letter).to_have_count(1)
+    screenshot(page, "dead-letters")
+    page.get_by_test_id("dead-letter-redrive-one").click()
+    confirm_and_expect_success(page)
+    expect(letter).to_have_count(0)
+    again = rest.post(
+        "/groups/audit/poll", json={"topic": "orders", "member_id": "a1", "max_messages": 1}
+    ).json()["messages"]
+    assert [(m["partition"], m["offset"]) for m in again] == [
+        (rejected["partition"], rejected["offset"])
+    ]
+
+    # A scheduled message is cancelled.
+    rest.post(
+        "/topics/orders/messages",
+        json={"messages": [{"value": {"later": 1}, "delay_ms": 3_600_000}]},
+    )
+    page.goto(f"{console_url}/scheduled/")
+    scheduled = page.locator("#scheduled-table tr[data-scheduled-id]")
+    expect(scheduled).to_have_count(1)
+    screenshot(page, "scheduled")
+    page.get_by_test_id("scheduled-cancel").click()
+    confirm_and_expect_success(page)
+    expect(scheduled).to_have_count(0)
+
+    # A key is created (its secret shown once, and it works), then revoked.
+    page.goto(f"{console_url}/keys/")
+    open_panel(page, "create-key")
+    page.fill("#key-create-name", "shipping-service")
+    page.fill("#key-create-permissions", "consume:orders")
+    page.click("#key-create-submit")
+    confirm_and_expect_success(page)
+    secret = page.locator("#new-key-secret").inner_text()
+    assert status_with_key(console_url, secret, "/topics/orders") == 200
+    screenshot(page, "keys")
+    page.locator('#keys-table tr[data-key="shipping-service"] [data-testid=key-revoke]').click()
+    confirm_and_expect_success(page)
+    assert status_with_key(console_url, secret, "/topics/orders") == 401
+
+    # Every action is in the audit log, by the operator, from the dashboard.
+    page.goto(f"{console_url}/audit/")
+    actions = page.locator("#audit-table tr[data-action]")
+    for action in (
+        "topic.create",
+        "group.reset",
+        "dlq.redrive",
+        "scheduled.cancel",
+        "key.create",
+        "key.revoke",
+    ):
+        expect(page.locator(f'#audit-table tr[data-action="{action}"]')).to_contain_text("operator")
+    assert actions.count() >= 6
+    screenshot(page, "audit")
+
+    # The overview, the lists and the charts, once the samples have come in.
+    page.goto(f"{console_url}/")
+    expect(page.locator("#count-topics")).to_have_text("1")
+    screenshot(page, "overview")
+    page.goto(f"{console_url}/topics/")
+    screenshot(page, "topics")
+    page.goto(f"{console_url}/groups/")
+    screenshot(page, "groups")
+    page.close()
