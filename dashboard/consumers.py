@@ -21,6 +21,7 @@ from dashboard import access
 
 logger = logging.getLogger(__name__)
 
+
 def may_view(user: Any) -> bool:
     """Whether the session's user may see the console (the pages' own role check)."""
     return bool(user is not None and user.is_authenticated and access.can_view(user))
