@@ -1,0 +1,1 @@
+"""Ferry's data pipeline on Spark: the `ferry` data source and jobs (docs/pipeline.md)."""
