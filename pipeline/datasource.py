@@ -31,7 +31,7 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from ferry_client import FerryError, PartitionOffsets, Producer, Reader
+from ferry_client import BrokerUnavailable, FerryError, PartitionOffsets, Producer, Reader
 from pipeline import offsets, options, rows
 from pipeline.options import Connection, Offsets, ReadOptions, WriteOptions
 
@@ -63,7 +63,9 @@ class FerrySourceError(RuntimeError):
 
 def explain(conn: Connection, exc: Exception, what: str) -> FerrySourceError:
     """A broker failure as an error a Spark user can act on."""
-    if isinstance(exc, FerryError):
+    if isinstance(exc, FerryError) and not (
+        isinstance(exc, BrokerUnavailable) and exc.code == "unavailable"
+    ):
         hint = {
             "unauthenticated": "check the 'apiKey' option",
             "permission_denied": "the API key lacks the permission on this topic",

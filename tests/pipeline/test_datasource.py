@@ -6,6 +6,8 @@ the session seconds (docs/pipeline.md#testing).
 
 import base64
 import json
+import re
+import time
 
 import pytest
 
@@ -98,3 +100,132 @@ def test_batch_read__range_equals_rest_fetch(spark, broker_url, ferry_key):
     # The default range is the whole topic; timestamps are those the broker stored.
     everything = spark.read.format("ferry").options(**options(broker_url, ferry_key, "events"))
     assert everything.load().count() == 41
+
+
+def stream_to_parquet(spark, url, key, topic, tmp_path, trigger, **more):
+    reader = spark.readStream.format("ferry").options(**options(url, key, topic, **more))
+    return (
+        reader.load()
+        .select("partition", "offset", "value_json")
+        .writeStream.format("parquet")
+        .option("path", str(tmp_path / "sink"))
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .trigger(**trigger)
+        .start()
+    )
+
+
+def test_stream_read__restart_from_checkpoint_exactly_once(spark, broker_url, ferry_key, tmp_path):
+    make_topic("clicks", 2)
+    produce(broker_url, ferry_key, "clicks", [Message({"i": i}) for i in range(100)])
+
+    # 1. From the start, at most 30 offsets per micro-batch, until what exists now.
+    first = stream_to_parquet(
+        spark,
+        broker_url,
+        ferry_key,
+        "clicks",
+        tmp_path,
+        {"availableNow": True},
+        startingOffsets="earliest",
+        maxOffsetsPerTrigger=30,
+    )
+    first.awaitTermination(60)
+    sizes = [p["numInputRows"] for p in first.recentProgress if p["numInputRows"]]
+    assert sum(sizes) == 100
+    assert max(sizes) <= 30
+    assert len(sizes) == 4
+
+    # 2. New messages, and a new partition, while the query is down; then a run stopped
+    # after its first micro-batch.
+    produce(broker_url, ferry_key, "clicks", [Message({"i": i}) for i in range(100, 150)])
+    with Admin(broker_url, ferry_key) as admin:
+        admin.alter_topic("clicks", partitions=3)
+    produce(
+        broker_url, ferry_key, "clicks", [Message({"i": 150 + i}, partition=2) for i in range(10)]
+    )
+    second = stream_to_parquet(
+        spark,
+        broker_url,
+        ferry_key,
+        "clicks",
+        tmp_path,
+        {"processingTime": "100 milliseconds"},
+        maxOffsetsPerTrigger=25,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not [p for p in second.recentProgress if p["numInputRows"]]:
+            assert time.monotonic() < deadline, "no micro-batch ran"
+            time.sleep(0.05)
+    finally:
+        second.stop()
+
+    # 3. Restarted: it resumes from the checkpoint and reads the rest, once.
+    third = stream_to_parquet(
+        spark, broker_url, ferry_key, "clicks", tmp_path, {"availableNow": True}
+    )
+    third.awaitTermination(60)
+
+    stored = spark.read.parquet(str(tmp_path / "sink")).collect()
+    assert len(stored) == 160
+    assert len({(r.partition, r.offset) for r in stored}) == 160
+    assert sorted(json.loads(r.value_json)["i"] for r in stored) == list(range(160))
+
+
+def test_write__retried_batch_stores_once_then_reads_back(spark, broker_url, ferry_key):
+    make_topic("orders", 2)
+    df = spark.createDataFrame(
+        [(f'{{"order": {i}}}', f"c{i % 5}", "created", {"src": "spark"}) for i in range(50)],
+        "value_json STRING, key STRING, tag STRING, headers MAP<STRING, STRING>",
+    ).repartition(2)
+    write = df.write.format("ferry").options(**options(broker_url, ferry_key, "orders"))
+
+    write.option("writeId", "orders-load-1").mode("append").save()
+    # The same write again, as a retried task would send it: same ids, nothing new stored.
+    write.option("writeId", "orders-load-1").mode("append").save()
+    # Raw bytes from a binary column, to the topic a column names.
+    spark.createDataFrame([(b"\x01\x02", "orders")], "value BINARY, topic STRING").write.format(
+        "ferry"
+    ).options(url=broker_url, apiKey=ferry_key).mode("append").save()
+
+    back = spark.read.format("ferry").options(**options(broker_url, ferry_key, "orders")).load()
+    rows = back.collect()
+    assert len(rows) == 51
+    orders = sorted(json.loads(r.value_json)["order"] for r in rows if r.value_json)
+    assert orders == list(range(50))
+    assert {(r.tag, r.headers["src"]) for r in rows if r.value_json} == {("created", "spark")}
+    assert [bytes(r.value) for r in rows if r.value_json is None] == [b"\x01\x02"]
+    # The key decides the partition, as for any producer.
+    by_key = {}
+    for r in rows:
+        if r.key is not None:
+            by_key.setdefault(r.key, set()).add(r.partition)
+    assert all(len(partitions) == 1 for partitions in by_key.values())
+
+
+@pytest.mark.parametrize(
+    ("change", "error"),
+    [
+        ({"url": "http://127.0.0.1:9"}, "Could not reach Ferry at http://127.0.0.1:9"),
+        ({"topic": "nope"}, "topic_not_found"),
+        ({"apiKey": "fry_wrong"}, "check the 'apiKey' option"),
+        ({"startingOffsets": "{bad"}, "Option 'startingOffsets' must be"),
+        ({"url": "localhost:8000"}, "Option 'url' must start with http://"),
+    ],
+)
+def test_read__bad_options_say_what_is_wrong(spark, broker_url, ferry_key, change, error):
+    make_topic("known")
+    given = {**options(broker_url, ferry_key, "known"), **change}
+
+    with pytest.raises(Exception, match=re.escape(error)):
+        spark.read.format("ferry").options(**given).load().collect()
+
+
+def test_write__without_value_column(spark, broker_url, ferry_key):
+    df = spark.createDataFrame([("x",)], "name STRING")
+
+    with pytest.raises(Exception, match="needs a 'value' column"):
+        df.write.format("ferry").options(**options(broker_url, ferry_key, "t")).mode(
+            "append"
+        ).save()
