@@ -2,8 +2,9 @@
 
 Pure: Arrow record batches in, `ferry_client.Message` chunks out. Columns: `value` (binary or
 string: stored as raw bytes) or `value_json` (a string of JSON: stored as a JSON message), and
-optionally `key`, `tag`, `headers` (map<string, string>), `partition` and `topic`; other
-columns are ignored, so a DataFrame read from a topic can be written to another as it is.
+optionally `key`, `tag`, `headers` (map<string, string>), `partition`, `topic` and `id` (the
+message id; without it each row gets `<prefix>-<row index>`); other columns are ignored, so a
+DataFrame read from a topic can be written to another as it is.
 """
 
 import json
@@ -16,7 +17,7 @@ from ferry_client import Message
 from pipeline.options import OptionError
 
 VALUE_COLUMNS = ("value_json", "value")
-OPTIONAL_COLUMNS = ("key", "tag", "headers", "partition", "topic")
+OPTIONAL_COLUMNS = ("key", "tag", "headers", "partition", "topic", "id")
 
 
 def check_columns(names: Sequence[str], *, has_topic_option: bool) -> None:
@@ -39,14 +40,15 @@ def _value(value_json: str | None, value: bytes | str | None, row: str) -> Any:
 
 
 def to_messages(batch: pa.RecordBatch, first_index: int, prefix: str) -> Iterator[Message]:
-    """Each row as a Message with the id `<prefix>-<row index>` (deterministic per task)."""
+    """Each row as a Message, its id the row's `id` or `<prefix>-<row index>` (deterministic
+    per task: a retried task sends the same rows in the same order)."""
     names = set(batch.schema.names)
     n = batch.num_rows
     columns = {
         name: batch.column(name).to_pylist() if name in names else [None] * n
         for name in (*VALUE_COLUMNS, *OPTIONAL_COLUMNS)
     }
-    for i, (value_json, value, key, tag, headers, partition) in enumerate(
+    for i, (value_json, value, key, tag, headers, partition, given_id) in enumerate(
         zip(
             columns["value_json"],
             columns["value"],
@@ -54,10 +56,11 @@ def to_messages(batch: pa.RecordBatch, first_index: int, prefix: str) -> Iterato
             columns["tag"],
             columns["headers"],
             columns["partition"],
+            columns["id"],
             strict=True,
         )
     ):
-        row_id = f"{prefix}-{first_index + i}"
+        row_id = given_id or f"{prefix}-{first_index + i}"
         yield Message(
             _value(value_json, value, row_id),
             key=key,
