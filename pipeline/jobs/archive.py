@@ -100,19 +100,25 @@ def archive_stream(spark: Any, args: argparse.Namespace) -> int:
     return sum(r["numInputRows"] for r in reports)
 
 
-def run(spark: Any, argv: Sequence[str] | None = None) -> int:
-    """Run the job in a session (the caller's, e.g. a notebook's); messages archived."""
+def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p = parser()
     args = p.parse_args(argv)
     jobs.check_broker_args(p, args)
     if args.mode != "once" and (args.until_time is not None or args.ending_offsets):
         p.error("--until-time and --ending-offsets need --mode once")
+    return args
+
+
+def run(spark: Any, argv: Sequence[str] | None = None) -> int:
+    """Run the job in a session (the caller's, e.g. a notebook's); messages archived."""
+    args = parse(argv)
     total = archive_once(spark, args) if args.mode == "once" else archive_stream(spark, args)
     jobs.say(f"archive: done: {total} messages of {args.topic} archived to {args.output}")
     return total
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    parse(argv)  # argument errors before a JVM starts
     spark = jobs.session(f"ferry-{NAME}")
     try:
         run(spark, argv)

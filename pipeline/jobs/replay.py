@@ -55,11 +55,16 @@ def select(spark: Any, args: argparse.Namespace) -> Any:
     return df.repartition("partition").sortWithinPartitions("partition", "offset")
 
 
-def run(spark: Any, argv: Sequence[str] | None = None) -> int:
-    """Run the job in a session (the caller's, e.g. a notebook's); messages replayed."""
+def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p = parser()
     args = p.parse_args(argv)
     jobs.check_broker_args(p, args)
+    return args
+
+
+def run(spark: Any, argv: Sequence[str] | None = None) -> int:
+    """Run the job in a session (the caller's, e.g. a notebook's); messages replayed."""
+    args = parse(argv)
     target = args.to_topic or args.topic
     df = select(spark, args)
     from pyspark.sql import functions as F
@@ -79,6 +84,7 @@ def run(spark: Any, argv: Sequence[str] | None = None) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    parse(argv)  # argument errors before a JVM starts
     spark = jobs.session(f"ferry-{NAME}")
     try:
         run(spark, argv)
