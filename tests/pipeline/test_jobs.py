@@ -1,10 +1,12 @@
-"""The pipeline jobs in the shared SparkSession against a real broker: archive, then replay."""
+"""The pipeline jobs in the shared SparkSession against a real broker: archive, replay, stats."""
+
+import json
 
 import pytest
 
 from broker.core import keys, topics
 from ferry_client import Message, Producer
-from pipeline.jobs import archive, replay
+from pipeline.jobs import archive, replay, stats
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
@@ -51,3 +53,34 @@ def test_archive_then_replay__reproduces_the_messages(
     out = capsys.readouterr().out
     assert "archive: batch 0: 31 messages" in out
     assert "replay: done: 41 messages produced to dst" in out
+
+
+def test_stats__per_minute_written_back(spark, broker_url, ferry_key, capsys):
+    topics.create_topic(keys.CONSOLE, "clicks", 2)
+    topics.create_topic(keys.CONSOLE, "ferry-stats", 1)
+    keys_sent = ["a"] * 5 + ["b"] * 3 + ["c"] * 2 + ["d"]
+    with Producer(broker_url, ferry_key) as producer:
+        producer.send_batch("clicks", [Message("x" * 10, key=k) for k in keys_sent])
+    broker = ["--url", broker_url, "--api-key", ferry_key, "--topic", "clicks"]
+
+    assert stats.run(spark, broker) >= 1
+    assert stats.run(spark, broker) >= 1  # unchanged data: the same ids, nothing new
+
+    out = capsys.readouterr().out
+    written = (
+        spark.read.format("ferry")
+        .options(url=broker_url, apiKey=ferry_key, topic="ferry-stats")
+        .load()
+    )
+    figures = [json.loads(r.value_json) for r in written.collect()]
+    assert sum(f["messages"] for f in figures) == 11
+    if len(figures) == 1:  # all in one minute (the usual case)
+        [f] = figures
+        assert (f["bytes"], f["distinct_keys"]) == (11 * 12, 4)
+        assert f["top_keys"] == [
+            {"key": "a", "count": 5},
+            {"key": "b", "count": 3},
+            {"key": "c", "count": 2},
+        ]
+        assert "top: a=5, b=3, c=2" in out
+    assert "stats: done:" in out
