@@ -197,7 +197,7 @@ def test_write__retried_batch_stores_once_then_reads_back(spark, broker_url, fer
     assert {(r.tag, r.headers["src"]) for r in rows if r.value_json} == {("created", "spark")}
     assert [bytes(r.value) for r in rows if r.value_json is None] == [b"\x01\x02"]
     # The key decides the partition, as for any producer.
-    by_key = {}
+    by_key: dict[str, set[int]] = {}
     for r in rows:
         if r.key is not None:
             by_key.setdefault(r.key, set()).add(r.partition)
