@@ -321,12 +321,14 @@ class FerryStreamWriter(DataSourceStreamArrowWriter):
 
     def __init__(self, write: WriteOptions) -> None:
         self.write_options = write
+        # Only if Spark ever stops telling tasks their query id: unique, if not stable.
+        self.fallback_id = uuid.uuid4().hex
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> Produced:
         context = TaskContext.get()
-        query = batch = "0"
+        query, batch = self.fallback_id, "0"
         if context is not None:
-            query = context.getLocalProperty("sql.streaming.queryId") or "0"
+            query = context.getLocalProperty("sql.streaming.queryId") or self.fallback_id
             batch = context.getLocalProperty("streaming.sql.batchId") or "0"
         prefix = f"{self.write_options.write_id or query}-{batch}-{task_id()}"
         return send_batches(self.write_options, iterator, prefix)

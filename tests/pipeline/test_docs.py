@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from broker.core import keys, topics
-from ferry_client import Message, Producer
+from ferry_client import Message, Producer, Reader
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
@@ -47,6 +47,10 @@ def test_docs__pipeline_examples_run(spark, docs_broker, capsys):
     url, key = docs_broker
     counts = spark.read.format("ferry").options(url=url, apiKey=key, topic="order-counts").load()
     assert counts.count() >= 3  # one update per key at least
+    # Streaming writes: ids are <query id>-<batch id>-<task partition>-<row index>.
+    with Reader(url, key) as reader:
+        ids = [m["id"] for m in reader.fetch("order-counts", 0, 0, 100).messages]
+    assert all(re.fullmatch(r"[0-9a-f-]{36}-\d+-\d+-\d+", i) for i in ids), ids
     # The write example added two orders, and running it again adds nothing.
     orders = spark.read.format("ferry").options(url=url, apiKey=key, topic="orders").load()
     assert orders.count() == 12
