@@ -7,9 +7,12 @@ read and write tasks get a pickled copy, so everything they need travels in the 
 partition or on the writer, and connections are made inside the task.
 """
 
+import threading
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from queue import Full, Queue
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -55,6 +58,10 @@ ARROW_SCHEMA = pa.schema(
         ("value_json", pa.string()),
     ]
 )
+
+
+# Pages a read task fetches ahead of Spark (each up to fetchSize messages, ~100 bytes each).
+PREFETCH_PAGES = 2
 
 
 class FerrySourceError(RuntimeError):
@@ -130,7 +137,7 @@ def spark_batch(topic: str, table: pa.Table) -> pa.RecordBatch:
     return pa.Table.from_arrays(columns, schema=ARROW_SCHEMA).combine_chunks().to_batches()[0]
 
 
-def read_range(part: RangePartition) -> Iterator[pa.RecordBatch]:
+def fetch_pages(part: RangePartition) -> Iterator[pa.Table]:
     """Fetch one range as Arrow pages; a gap in the offsets is data loss."""
     r, conn = part.range, part.conn
     offset = r.start
@@ -163,8 +170,55 @@ def read_range(part: RangePartition) -> Iterator[pa.RecordBatch]:
                     f"Data loss in {r.topic} partition {r.partition}: offsets {offset}..{first} "
                     "are gone (retention?). Set failOnDataLoss=false to skip them."
                 )
-            yield spark_batch(r.topic, page.table)
+            yield page.table
             offset = page.next_offset
+
+
+def ahead(pages: Iterator[pa.Table], depth: int = PREFETCH_PAGES) -> Iterator[pa.Table]:
+    """pages, fetched by a thread up to depth pages ahead of the consumer.
+
+    Spark converts one page while the next is on the wire: the broker and the task work at
+    once. An exception in the thread is raised here; closing this generator stops the thread.
+    """
+    queue: Queue[tuple[str, Any]] = Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def put(item: tuple[str, Any]) -> bool:
+        while not stop.is_set():
+            try:
+                queue.put(item, timeout=0.1)
+                return True
+            except Full:
+                continue
+        return False
+
+    def produce() -> None:
+        try:
+            for page in pages:
+                if not put(("page", page)):
+                    return
+            put(("end", None))
+        except BaseException as exc:
+            put(("error", exc))
+
+    thread = threading.Thread(target=produce, name="ferry-prefetch", daemon=True)
+    thread.start()
+    try:
+        while True:
+            kind, item = queue.get()
+            if kind == "end":
+                return
+            if kind == "error":
+                raise item
+            yield item
+    finally:
+        stop.set()
+
+
+def read_range(part: RangePartition) -> Iterator[pa.RecordBatch]:
+    """One range in the data source's schema, fetched a page ahead."""
+    for table in ahead(fetch_pages(part)):
+        yield spark_batch(part.range.topic, table)
 
 
 def as_range(partition: InputPartition) -> RangePartition:
