@@ -9,7 +9,7 @@ partition or on the writer, and connections are made inside the task.
 
 import threading
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from queue import Full, Queue
 from typing import Any
@@ -174,7 +174,7 @@ def fetch_pages(part: RangePartition) -> Iterator[pa.Table]:
             offset = page.next_offset
 
 
-def ahead(pages: Iterator[pa.Table], depth: int = PREFETCH_PAGES) -> Iterator[pa.Table]:
+def ahead(pages: Iterator[Any], depth: int = PREFETCH_PAGES) -> Generator[Any, None, None]:
     """pages, fetched by a thread up to depth pages ahead of the consumer.
 
     Spark converts one page while the next is on the wire: the broker and the task work at
