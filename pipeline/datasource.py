@@ -2,9 +2,9 @@
 
 docs/pipeline.md. A client of Ferry (STYLE.md §1): it reaches the broker only through
 `ferry_client` over REST, never through Django, so Spark's executors import it without the
-broker. Spark runs each piece in another process (the traps in docs/pipeline.md#how-it-runs):
-read and write tasks get a pickled copy, so everything they need travels in the input
-partition or on the writer, and connections are made inside the task.
+broker. Spark runs each piece in another process (the traps: docs/pipeline.md, "How it
+runs"): read and write tasks get a pickled copy, so everything they need travels in the
+input partition or on the writer, and connections are made inside the task.
 """
 
 import threading

@@ -1,7 +1,8 @@
 """Offset arithmetic for the `ferry` data source: where reads start and end, how they split.
 
-Pure (docs/pipeline.md#offsets): offsets are `{"topic": {"partition": offset}}` with string
-partition keys, as Spark's checkpoint stores them (JSON turns integer keys into strings).
+Pure (docs/pipeline.md#how-it-runs-for-maintainers): offsets are
+`{"topic": {"partition": offset}}` with string partition keys, as Spark's checkpoint stores
+them (JSON turns integer keys into strings).
 """
 
 from collections.abc import Mapping, Sequence

@@ -1,8 +1,8 @@
 """Fixtures for the pipeline tests: one SparkSession for the run, a real broker and its key.
 
 The Spark tests (marked `spark`) share ONE local SparkSession: a JVM costs seconds to start
-(docs/pipeline.md#testing). Its Python workers are separate processes: they run this venv's
-interpreter (PYSPARK_PYTHON) with the checkout on PYTHONPATH, and reach Ferry over HTTP.
+(docs/pipeline.md, "How it runs"). Its Python workers are separate processes: they run this
+venv's interpreter (PYSPARK_PYTHON) with the checkout on PYTHONPATH, and reach Ferry over HTTP.
 """
 
 import logging

@@ -1,7 +1,7 @@
 """The `ferry` data source in a real SparkSession against a real broker (Daphne on the test DB).
 
 Few tests, each proving several things: every Spark query costs a fraction of a second and
-the session seconds (docs/pipeline.md#testing).
+the session seconds (docs/pipeline.md#how-it-runs-for-maintainers).
 """
 
 import base64
