@@ -34,7 +34,7 @@ def spark_env() -> None:
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator["object"]:
-    """A local[2] SparkSession tuned for tests on a 2-core machine, with `ferry` registered."""
+    """A local[2,2] SparkSession tuned for tests on a 2-core machine, with `ferry` registered."""
     if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
         pytest.skip("Spark needs Java 17: run scripts/java ensure (make test does)")
     spark_env()
@@ -45,7 +45,9 @@ def spark() -> Iterator["object"]:
     import pipeline
 
     session = (
-        SparkSession.builder.master("local[2]")
+        # 2 threads; a failed task is tried again once (local[N] alone never retries), so a
+        # test can force a task retry.
+        SparkSession.builder.master("local[2,2]")
         .appName("ferry-tests")
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")

@@ -204,6 +204,37 @@ def test_write__retried_batch_stores_once_then_reads_back(spark, broker_url, fer
     assert all(len(partitions) == 1 for partitions in by_key.values())
 
 
+def test_write__task_retried_after_a_partial_write_stores_once(
+    spark, broker_url, ferry_key, tmp_path
+):
+    from tests.pipeline import flaky
+
+    make_topic("payments")
+    spark.dataSource.register(flaky.FlakySource)
+    df = spark.range(0, 2000, numPartitions=1).selectExpr(
+        "to_json(named_struct('payment', id)) AS value_json"
+    )
+    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "500")
+    try:
+        # Attempt 0 stores the first 500 rows, then fails; attempt 1 sends all 2000.
+        df.write.format("ferry_flaky").options(
+            **options(broker_url, ferry_key, "payments", batchSize=250),
+            marker=str(tmp_path / "attempt-0"),
+        ).mode("append").save()
+    finally:
+        spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
+
+    with Reader(broker_url, ferry_key) as reader:
+        stored = []
+        offset = 0
+        while page := reader.fetch("payments", 0, offset, 10_000).messages:
+            stored += page
+            offset = page[-1]["offset"] + 1
+    assert (tmp_path / "attempt-0").read_text() == "500"  # stored before the failure
+    assert sorted(m["value"]["payment"] for m in stored) == list(range(2000))
+    assert len({m["id"] for m in stored}) == 2000
+
+
 @pytest.mark.parametrize(
     ("change", "error"),
     [
