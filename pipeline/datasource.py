@@ -267,6 +267,7 @@ class FerryStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.read_options = read
         # Trigger.AvailableNow: the end offsets when the run began; never read past them.
         self.target: Offsets | None = None
+        self.reported: Offsets | None = None
 
     def _latest(self) -> Offsets:
         read = self.read_options
@@ -287,7 +288,7 @@ class FerryStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ReadAllAvailable() if n is None else ReadMaxRows(n)
 
     def latestOffset(self, start: Offsets, limit: ReadLimit) -> Offsets:
-        latest = self._latest()
+        latest = self.reported = self._latest()
         for topic, parts in start.items():
             for key, offset in parts.items():
                 if key not in latest.get(topic, {}):
@@ -308,8 +309,9 @@ class FerryStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             latest = offsets.limit(start, latest, limit.max_rows)
         return latest
 
-    def reportLatestOffset(self) -> Offsets:
-        return self._latest()
+    def reportLatestOffset(self) -> Offsets | None:
+        """For query progress: the end offsets latestOffset saw (no second request)."""
+        return self.reported
 
     def partitions(self, start: Offsets, end: Offsets) -> list[InputPartition]:
         return list(plan(self.read_options, start, end))
