@@ -8,7 +8,6 @@ input partition or on the writer, and connections are made inside the task.
 """
 
 import threading
-import uuid
 from collections.abc import Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from queue import Full, Queue
@@ -16,15 +15,11 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark import TaskContext
 from pyspark.sql.datasource import (
     DataSource,
-    DataSourceArrowWriter,
     DataSourceReader,
-    DataSourceStreamArrowWriter,
     DataSourceStreamReader,
     InputPartition,
-    WriterCommitMessage,
 )
 from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
@@ -34,9 +29,10 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from ferry_client import BrokerUnavailable, FerryError, PartitionOffsets, Producer, Reader
-from pipeline import offsets, options, rows
-from pipeline.options import Connection, Offsets, ReadOptions, WriteOptions
+from ferry_client import FerryError, PartitionOffsets, Reader
+from pipeline import offsets, options, sink
+from pipeline.errors import FerrySourceError, explain
+from pipeline.options import Connection, Offsets, ReadOptions
 
 NAME = "ferry"
 
@@ -62,27 +58,6 @@ ARROW_SCHEMA = pa.schema(
 
 # Pages a read task fetches ahead of Spark (each up to fetchSize messages, ~100 bytes each).
 PREFETCH_PAGES = 2
-
-
-class FerrySourceError(RuntimeError):
-    """The broker refused or could not be reached; the message says which and what to check."""
-
-
-def explain(conn: Connection, exc: Exception, what: str) -> FerrySourceError:
-    """A broker failure as an error a Spark user can act on."""
-    if isinstance(exc, FerryError) and not (
-        isinstance(exc, BrokerUnavailable) and exc.code == "unavailable"
-    ):
-        hint = {
-            "unauthenticated": "check the 'apiKey' option",
-            "permission_denied": "the API key lacks the permission on this topic",
-            "topic_not_found": "check the 'topic' option, or create the topic",
-        }.get(exc.code, "")
-        suffix = f" ({hint})" if hint else ""
-        return FerrySourceError(f"Ferry at {conn.url} refused {what}: {exc.code}: {exc}{suffix}")
-    return FerrySourceError(
-        f"Could not reach Ferry at {conn.url} for {what} (check the 'url' option): {exc}"
-    )
 
 
 def reader_for(conn: Connection) -> Reader:
@@ -323,79 +298,6 @@ class FerryStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """Nothing to do: Spark's checkpoint holds the offsets (this call lags a batch)."""
 
 
-@dataclass(frozen=True)
-class Produced(WriterCommitMessage):
-    """What one write task stored: new messages and retries the broker recognised."""
-
-    stored: int
-    duplicates: int
-
-
-def send_batches(
-    write: WriteOptions, batches: Iterator[pa.RecordBatch], id_prefix: str
-) -> Produced:
-    """Produce every row, in requests of batch_size, each row under id `<prefix>-<row index>`."""
-    stored = duplicates = 0
-    conn = write.connection
-    with Producer(conn.url, conn.api_key, timeout=conn.timeout_s) as producer:
-        for topic, messages in rows.messages(batches, write.topic, write.batch_size, id_prefix):
-            try:
-                results = producer.send_batch(topic, messages)
-            except (FerryError, OSError) as exc:
-                raise explain(conn, exc, f"a produce to {topic!r}") from exc
-            dup = sum(r.duplicate for r in results)
-            duplicates += dup
-            stored += len(results) - dup
-    return Produced(stored, duplicates)
-
-
-def task_id() -> str:
-    """`<task partition>`: the same for every attempt of a task."""
-    context = TaskContext.get()
-    return str(context.partitionId()) if context is not None else "0"
-
-
-class FerryWriter(DataSourceArrowWriter):
-    """Batch write. Row ids: `<writeId>-<task partition>-<row index>`, so a retried task
-    (same input, same order) sends the same ids and the broker stores each message once."""
-
-    def __init__(self, write: WriteOptions) -> None:
-        self.write_options = write
-        # Made once on the driver and pickled into every task attempt.
-        self.write_id = write.write_id or uuid.uuid4().hex
-
-    def write(self, iterator: Iterator[pa.RecordBatch]) -> Produced:
-        return send_batches(self.write_options, iterator, f"{self.write_id}-{task_id()}")
-
-    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
-        """Nothing to do: each produce was durable when it returned."""
-
-
-class FerryStreamWriter(DataSourceStreamArrowWriter):
-    """Streaming write. Row ids: `<query id>-<batch id>-<task partition>-<row index>`: a
-    micro-batch replayed after a failure (same batch id) does not duplicate."""
-
-    def __init__(self, write: WriteOptions) -> None:
-        self.write_options = write
-        # Only if Spark ever stops telling tasks their query id: unique, if not stable.
-        self.fallback_id = uuid.uuid4().hex
-
-    def write(self, iterator: Iterator[pa.RecordBatch]) -> Produced:
-        context = TaskContext.get()
-        query, batch = self.fallback_id, "0"
-        if context is not None:
-            query = context.getLocalProperty("sql.streaming.queryId") or self.fallback_id
-            batch = context.getLocalProperty("streaming.sql.batchId") or "0"
-        prefix = f"{self.write_options.write_id or query}-{batch}-{task_id()}"
-        return send_batches(self.write_options, iterator, prefix)
-
-    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        """Nothing to do: each produce was durable when it returned."""
-
-    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        """Nothing to undo: what was stored stays; a replay of the batch reuses its ids."""
-
-
 class FerryDataSource(DataSource):
     """`format("ferry")`: read and write Ferry topics (docs/pipeline.md)."""
 
@@ -412,14 +314,8 @@ class FerryDataSource(DataSource):
     def streamReader(self, schema: StructType) -> FerryStreamReader:
         return FerryStreamReader(options.read_options(self.options, streaming=True))
 
-    def writer(self, schema: StructType, overwrite: bool) -> FerryWriter:
-        return FerryWriter(write_options_for(self.options, schema))
+    def writer(self, schema: StructType, overwrite: bool) -> sink.FerryWriter:
+        return sink.FerryWriter(sink.write_options_for(self.options, schema))
 
-    def streamWriter(self, schema: StructType, overwrite: bool) -> FerryStreamWriter:
-        return FerryStreamWriter(write_options_for(self.options, schema))
-
-
-def write_options_for(given: Mapping[str, str], schema: StructType) -> WriteOptions:
-    write = options.write_options(given)
-    rows.check_columns(schema.fieldNames(), has_topic_option=write.topic is not None)
-    return write
+    def streamWriter(self, schema: StructType, overwrite: bool) -> sink.FerryStreamWriter:
+        return sink.FerryStreamWriter(sink.write_options_for(self.options, schema))

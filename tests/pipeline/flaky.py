@@ -11,19 +11,19 @@ import pyarrow as pa
 from pyspark import TaskContext
 from pyspark.sql.types import StructType
 
-from pipeline import datasource
+from pipeline import datasource, sink
 
 
-class FlakyWriter(datasource.FerryWriter):
+class FlakyWriter(sink.FerryWriter):
     marker: str
 
-    def write(self, iterator: Iterator[pa.RecordBatch]) -> datasource.Produced:
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> sink.Produced:
         context = TaskContext.get()
         if context is not None and context.attemptNumber() == 0:
             # What the real write() sends first, under the same ids; then the task dies.
             first = itertools.islice(iterator, 1)
             prefix = f"{self.write_id}-{context.partitionId()}"
-            sent = datasource.send_batches(self.write_options, first, prefix)
+            sent = sink.send_batches(self.write_options, first, prefix)
             Path(self.marker).write_text(str(sent.stored))
             raise RuntimeError("forced task failure after a partial write")
         return super().write(iterator)
@@ -35,7 +35,7 @@ class FlakySource(datasource.FerryDataSource):
         return "ferry_flaky"
 
     def writer(self, schema: StructType, overwrite: bool) -> FlakyWriter:
-        writer = FlakyWriter(datasource.write_options_for(self.options, schema))
+        writer = FlakyWriter(sink.write_options_for(self.options, schema))
         # Where attempt 0 notes how many rows it stored before failing.
         writer.marker = self.options["marker"]
         return writer

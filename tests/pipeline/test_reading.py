@@ -4,7 +4,7 @@ import pyarrow as pa
 import pytest
 
 from ferry_client import ArrowPage, FerryError
-from pipeline import datasource
+from pipeline import datasource, errors
 from pipeline.datasource import ahead
 from pipeline.offsets import OffsetRange
 from pipeline.options import Connection
@@ -79,7 +79,7 @@ def test_read_range__pages_in_the_spark_schema(monkeypatch):
 
 
 def test_read_range__retention_passed_us(monkeypatch):
-    with pytest.raises(datasource.FerrySourceError, match="offset_out_of_range"):
+    with pytest.raises(errors.FerrySourceError, match="offset_out_of_range"):
         read_offsets(monkeypatch, True)
 
     # failOnDataLoss=false: skip to the start offset and go on.

@@ -4,7 +4,7 @@ import pytest
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
 from ferry_client import PartitionOffsets
-from pipeline import datasource, options
+from pipeline import datasource, errors, options
 
 
 class FakeBroker:
@@ -61,5 +61,5 @@ def test_stream_reader__new_partitions_and_no_limit(broker):
 def test_stream_reader__checkpoint_past_the_end(broker):
     reader = stream_reader()
 
-    with pytest.raises(datasource.FerrySourceError, match="start a new checkpoint"):
+    with pytest.raises(errors.FerrySourceError, match="start a new checkpoint"):
         reader.latestOffset({"t": {"0": 11, "1": 0}}, ReadAllAvailable())
