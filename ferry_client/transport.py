@@ -131,8 +131,16 @@ class Attempts:
                 "unavailable", f"{self.what} on {url} got no answer: {exc!r}"
             ) from exc
 
-    def answered(self, url: str, response: httpx.Response) -> tuple[bool, Any]:
-        """(True, body) when done; (False, None) to retry a 5xx; raises the error of a 4xx."""
+    def answered(
+        self, url: str, response: httpx.Response, *, raw: bool = False
+    ) -> tuple[bool, Any]:
+        """(True, body) when done; (False, None) to retry a 5xx; raises the error of a 4xx.
+
+        With `raw`, a successful body is the response's bytes (errors are still JSON).
+        """
+        if raw and response.status_code < 400:
+            self.endpoints.succeeded(url)
+            return True, response.content
         body = body_of(response)
         if response.status_code < 400:
             self.endpoints.succeeded(url)
@@ -192,10 +200,15 @@ class Transport:
         params: Params | None = None,
         idempotent: bool = True,
         timeout: float | None = None,
+        accept: str | None = None,
     ) -> Any:
-        """The answer's JSON body (None for 204), or a FerryError / BrokerUnavailable."""
+        """The answer's JSON body (None for 204), or a FerryError / BrokerUnavailable.
+
+        With `accept` (a media type other than JSON), the answer's bytes instead.
+        """
         attempts = Attempts(self.policy, self.endpoints, f"{method} {path}", idempotent=idempotent)
         query = {k: v for k, v in (params or {}).items() if v is not None}
+        headers = {"Accept": accept} if accept else None
         for url, delay in attempts:
             if delay:
                 self._sleep(delay)
@@ -205,12 +218,13 @@ class Transport:
                     url + API_PREFIX + path,
                     json=json,
                     params=query,
+                    headers=headers,
                     timeout=timeout or self.timeout,
                 )
             except httpx.TransportError as exc:
                 attempts.failed(url, exc)
                 continue
-            done, body = attempts.answered(url, response)
+            done, body = attempts.answered(url, response, raw=accept is not None)
             if done:
                 return body
         raise attempts.give_up()
