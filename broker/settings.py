@@ -45,6 +45,8 @@ class Defaults:
     # Message trace events are kept this long, and purged this often.
     TRACE_RETENTION_SECONDS: int = 7 * 24 * 3600
     TRACE_PURGE_INTERVAL_SECONDS: float = 300.0
+    # The topic the Spark stats job writes to and the console's topic page reads.
+    STATS_TOPIC: str = "ferry-stats"
     # Console live pages: how often a server process checks whether anything changed.
     CONSOLE_LIVE_INTERVAL_SECONDS: float = 1.0
     # History (core/history.py): sampled this often, downsampled as it ages, kept this long.

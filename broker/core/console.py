@@ -6,11 +6,14 @@ tables, so each figure is one aggregate in SQL rather than a walk over rows
 """
 
 from dataclasses import dataclass
+from typing import Any
 
+import orjson
 from django.db.models import Count, F, Sum
 
 from broker import models
-from broker.core import groups, keys
+from broker import settings as ferry_settings
+from broker.core import browse, errors, groups, keys
 from broker.core.records import GroupTopicOffsets, Principal
 
 
@@ -123,3 +126,56 @@ def list_group_summaries(principal: Principal) -> list[GroupSummary]:
         )
         for name in sorted(by_group)
     ]
+
+
+@dataclass(frozen=True)
+class MinuteStats:
+    """One topic-minute of the Spark stats job (docs/pipeline.md#jobs)."""
+
+    minute: str  # "2026-11-23T14:02Z", UTC
+    messages: int
+    bytes: int
+    distinct_keys: int
+    top_keys: tuple[tuple[str, int], ...]
+
+
+def _minute_stats(value: Any) -> MinuteStats | None:
+    try:
+        return MinuteStats(
+            minute=str(value["minute"]),
+            messages=int(value["messages"]),
+            bytes=int(value["bytes"]),
+            distinct_keys=int(value["distinct_keys"]),
+            top_keys=tuple((str(t["key"]), int(t["count"])) for t in value.get("top_keys") or ()),
+        )
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def pipeline_stats(
+    principal: Principal, topic_name: str, limit: int = 60
+) -> tuple[MinuteStats, ...]:
+    """The stats job's per-minute figures for a topic, newest minute first.
+
+    The job writes them to FERRY_STATS_TOPIC keyed by the topic's name, so this is an index
+    lookup; a minute written twice (a rerun over grown data) shows its newest figure. Empty
+    when the job has not run, or the principal may not read the stats topic.
+    """
+    stats_topic = ferry_settings.get("STATS_TOPIC")
+    if not keys.allows(principal, stats_topic, "consume"):
+        return ()
+    try:
+        found = browse.search_messages(
+            principal, stats_topic, key=topic_name, limit=min(browse.MAX_LIMIT, limit * 4)
+        )
+    except errors.TopicNotFound:
+        return ()
+    newest: dict[str, MinuteStats] = {}
+    # search_messages answers newest first: the first figure seen for a minute is its newest.
+    for message in found.items:
+        if not message.is_json:
+            continue
+        figure = _minute_stats(orjson.loads(message.value))
+        if figure is not None and figure.minute not in newest:
+            newest[figure.minute] = figure
+    return tuple(sorted(newest.values(), key=lambda f: f.minute, reverse=True)[:limit])

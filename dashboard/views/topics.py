@@ -7,6 +7,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect
 from django.urls import reverse
 
+from broker import settings as ferry_settings
 from broker.core import console, errors, groups, history, log, topics
 from dashboard import access, pages
 
@@ -119,6 +120,8 @@ def topic_detail(request: HttpRequest, name: str) -> HttpResponse:
         section="topics",
         readers=readers,
         overflow_policies=topics.OVERFLOW_POLICIES,
+        stats=console.pipeline_stats(principal, name),
+        stats_topic=ferry_settings.get("STATS_TOPIC"),
     )
     return pages.render(request, "console/topic.html", context)
 

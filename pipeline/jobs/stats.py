@@ -2,9 +2,9 @@
 
 Reads topics (an offset or time range; default: all they hold) through the `ferry` source,
 prints a line per topic and minute, and writes each line as a JSON message to a stats topic
-(default `ferry-stats`, which must exist), keyed `<topic>@<minute>`: the latest message of a
-key is the newest figure. A message's id is the topic, the minute and its count, so
-rerunning over unchanged data stores nothing twice.
+(default `ferry-stats`, which must exist), keyed by the topic's name, which the console's topic
+page reads: the newest message of a minute is its newest figure. A message's id is the topic,
+the minute and its count, so rerunning over unchanged data stores nothing twice.
 
     python -m pipeline.jobs.stats --topic orders --from-time 2026-11-23T00:00
 """
@@ -86,7 +86,8 @@ def run(spark: Any, argv: Sequence[str] | None = None) -> int:
         if rows and not args.no_write:
             minute = F.date_format("minute", "yyyy-MM-dd'T'HH:mm'Z'")
             out = figures.select(
-                F.concat_ws("@", "topic", minute).alias("key"),
+                # Keyed by topic: the console's topic page finds a topic's minutes by key.
+                F.col("topic").alias("key"),
                 F.concat_ws("-", F.lit("stats"), "topic", minute, "messages").alias("id"),
                 F.to_json(
                     F.struct(

@@ -132,3 +132,49 @@ def test_overview__shows_the_groups_furthest_behind(admin_client, broker_data, t
     assert page.context["topics"][0]["info"].name == "orders"
     assert page.context["more_topics"] == 2
     assert b'data-testid="more-topics"' in page.content
+
+
+def test_topic_page__shows_the_stats_jobs_figures(admin_client, broker_data, topic_factory):
+    """The Spark stats job's per-minute figures, keyed by topic, newest figure per minute."""
+    import orjson
+
+    from broker.core import keys, log
+    from broker.core.records import NewMessage
+
+    topic_factory("ferry-stats")
+
+    def figure(minute: str, messages: int) -> NewMessage:
+        value = {
+            "topic": "orders",
+            "minute": minute,
+            "messages": messages,
+            "bytes": messages * 10,
+            "distinct_keys": 2,
+            "top_keys": [{"key": "k1", "count": messages - 1}],
+        }
+        return NewMessage(orjson.dumps(value), key="orders")
+
+    log.append_messages(
+        keys.CONSOLE,
+        "ferry-stats",
+        [
+            figure("2026-11-23T14:01Z", 5),
+            figure("2026-11-23T14:02Z", 3),
+            # A rerun over grown data: the minute's newer figure wins.
+            figure("2026-11-23T14:02Z", 7),
+            NewMessage(b"not a figure", is_json=False, key="orders"),
+        ],
+    )
+    response = admin_client.get("/topics/orders/")
+    stats = response.context["stats"]
+    assert [(s.minute, s.messages) for s in stats] == [
+        ("2026-11-23T14:02Z", 7),
+        ("2026-11-23T14:01Z", 5),
+    ]
+    assert b'data-minute="2026-11-23T14:02Z"' in response.content
+
+
+def test_topic_page__explains_the_stats_job_when_there_are_no_figures(admin_client, broker_data):
+    response = admin_client.get("/topics/orders/")
+    assert response.context["stats"] == ()
+    assert b"pipeline stats --topic orders" in response.content
