@@ -65,6 +65,9 @@
   window.ferryCanRefresh = function (id) {
     const el = document.getElementById(id);
     if (!el) return false;
+    // While the confirm step is open, the form it will submit must stay in the page.
+    const dialog = document.getElementById("confirm-dialog");
+    if (dialog && dialog.open) return false;
     if (el.querySelector("input[type=checkbox]:checked, details[open]")) return false;
     return !el.contains(document.activeElement) || document.activeElement === document.body;
   };

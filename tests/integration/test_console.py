@@ -304,6 +304,11 @@ def walk(browser: Browser, console_url: str, rest: httpx.Client) -> None:
     expect(letter).to_have_count(1)
     screenshot(page, "dead-letters")
     page.get_by_test_id("dead-letter-redrive-one").click()
+    # A live update while the confirm step is open must not swap the form out from under it.
+    page.evaluate(
+        "document.body.dispatchEvent(new CustomEvent('ferry:update', {detail: {changed: []}}))"
+    )
+    page.wait_for_timeout(1000)
     confirm_and_expect_success(page)
     expect(letter).to_have_count(0)
     again = rest.post(
