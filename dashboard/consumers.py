@@ -17,23 +17,14 @@ from typing_extensions import override
 
 from broker import settings as ferry_settings
 from broker.core import activity, dbthreads
+from dashboard import access
 
 logger = logging.getLogger(__name__)
 
-# The handshake is refused (HTTP 403) for anyone who may not view the console; this code closes
-# an accepted socket whose session ended.
-CLOSE_FORBIDDEN = 4403
-
 
 def may_view(user: Any) -> bool:
-    """Staff with the console's view or operate permission (superusers have both)."""
-    return bool(
-        user is not None
-        and user.is_authenticated
-        and user.is_active
-        and user.is_staff
-        and (user.has_perm("broker.view_console") or user.has_perm("broker.operate_console"))
-    )
+    """Whether the session's user may see the console (the pages' own role check)."""
+    return bool(user is not None and user.is_authenticated and access.can_view(user))
 
 
 class Watcher:

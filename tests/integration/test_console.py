@@ -242,7 +242,6 @@ def walk(browser: Browser, console_url: str, rest: httpx.Client) -> None:
     )
     assert produced.status_code == 200
     expect(page.locator("#topic-message-count")).to_have_text("30")
-    screenshot(page, "topic")
 
     # Browse, search by key and by id, and view a binary message with its lifecycle.
     binary = rest.post(
@@ -281,7 +280,6 @@ def walk(browser: Browser, console_url: str, rest: httpx.Client) -> None:
     expect(total).to_have_text("31")
     assert rest.post("/groups/billing/ack", json={"receipts": receipts}).status_code == 200
     expect(total).to_have_text("21")
-    screenshot(page, "group")
 
     # Reset the group's offsets to the end, with a preview of what moves first.
     rest.delete("/groups/billing/members/w1")
@@ -365,4 +363,11 @@ def walk(browser: Browser, console_url: str, rest: httpx.Client) -> None:
     screenshot(page, "topics")
     page.goto(f"{console_url}/groups/")
     screenshot(page, "groups")
+    # The history charts draw once the server's sampling job (every second here) has run.
+    page.goto(f"{console_url}/groups/billing/")
+    expect(page.locator("#group-chart .uplot")).to_be_visible()
+    screenshot(page, "group")
+    page.goto(f"{console_url}/topics/orders/")
+    expect(page.locator("#topic-chart .uplot")).to_be_visible()
+    screenshot(page, "topic")
     page.close()
