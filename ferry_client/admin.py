@@ -7,7 +7,6 @@ returns the answer's JSON (dicts and lists, the fields documented there).
 import enum
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from types import TracebackType
 from typing import Any, Literal
 
 import httpx
@@ -41,7 +40,7 @@ class DeadLetterPage:
     next_after_id: int | None
 
 
-class Admin:
+class Admin(transport.Closing):
     """Manage a Ferry broker over REST; most calls need an `admin` key on what they touch.
 
     Failed reads and settings changes are retried on the next URL; creates, deletes, redrives
@@ -67,17 +66,6 @@ class Admin:
 
     def close(self) -> None:
         self._rest.close()
-
-    def __enter__(self) -> "Admin":
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     def health(self) -> Json:
         """{"status": "ok", "database": ...} from the first broker URL that answers."""

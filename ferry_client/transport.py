@@ -1,16 +1,25 @@
 """REST to the broker: several URLs with failover, retries with backoff, typed errors.
 
-See docs/client.md#retries-and-failover. The retry decisions live in `Attempts`, shared by
-the sync `Transport` (httpx.Client) and the asyncio `AsyncTransport` (httpx.AsyncClient).
+See docs/client.md#retries-and-failover. Every rule is written once, without I/O, and driven by
+two thin shells, the sync `Transport` (httpx.Client) and the asyncio `AsyncTransport`
+(httpx.AsyncClient), the way httpx and redis-py share their request logic:
+
+- `Request`: one REST call as the client builds it (method, path, body, query, idempotent).
+- `Attempts` and `attempt_all`: which URL next, how long to wait first, what to retry, and the
+  error a failure maps to; the shells only sleep and send what `attempt_all` yields.
+- `Exchange`: a call made of requests and rules around them (a producer's hooks, a reader's
+  answer parsing), written once as a generator that yields each `Request` and gets its answer's
+  body back (or its error thrown in); `Transport.run` and `AsyncTransport.run` drive it.
 """
 
 import asyncio
 import logging
 import random
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from types import TracebackType
+from typing import Any, Self, TypeVar
 
 import httpx
 
@@ -25,6 +34,30 @@ DEFAULT_TIMEOUT_S = 10.0
 NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
 
 Params = Mapping[str, str | int | None]
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Request:
+    """One REST call: its method, path under /api/v1, JSON body and query (None values dropped).
+
+    `idempotent=False` retries it only when it never reached a broker (so it never runs twice);
+    `timeout` overrides the transport's for this call.
+    """
+
+    method: str
+    path: str
+    json: Any = None
+    params: Params | None = None
+    idempotent: bool = True
+    timeout: float | None = None
+
+
+# A call written once for both shells: yields each Request and receives its answer's body.
+Exchange = Generator[Request, Any, T]
+# One request's attempts, without I/O: yields (seconds to wait, the HTTP request to send) and
+# receives the response or the transport error; returns the answer's body.
+Tries = Generator[tuple[float, httpx.Request], httpx.Response | httpx.TransportError, Any]
 
 
 def normalize_url(url: str) -> str:
@@ -162,6 +195,64 @@ def client_headers(api_key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {api_key}", "User-Agent": "ferry-client/0.1"}
 
 
+def attempt_all(
+    request: Request,
+    build: Callable[..., httpx.Request],
+    policy: RetryPolicy,
+    endpoints: Endpoints,
+    default_timeout: float,
+) -> Tries:
+    """Every attempt of one request, until an answer, a refusal or giving up (no I/O here).
+
+    `build` is the httpx client's build_request, so the request carries the client's headers.
+    """
+    attempts = Attempts(
+        policy, endpoints, f"{request.method} {request.path}", idempotent=request.idempotent
+    )
+    query = {k: v for k, v in (request.params or {}).items() if v is not None}
+    for url, delay in attempts:
+        outcome = yield (
+            delay,
+            build(
+                request.method,
+                url + API_PREFIX + request.path,
+                json=request.json,
+                params=query,
+                timeout=request.timeout or default_timeout,
+            ),
+        )
+        if isinstance(outcome, httpx.TransportError):
+            attempts.failed(url, outcome)
+            continue
+        done, body = attempts.answered(url, outcome)
+        if done:
+            return body
+    raise attempts.give_up()
+
+
+def single(request: Request) -> Exchange[Any]:
+    """The exchange of one request: its answer's body."""
+    return (yield request)
+
+
+class Closing:
+    """`with` closes it: for the blocking clients (producer, admin, reader)."""
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
 class Transport:
     """Blocking REST calls with failover and retries (httpx.Client; safe across threads)."""
 
@@ -194,26 +285,42 @@ class Transport:
         timeout: float | None = None,
     ) -> Any:
         """The answer's JSON body (None for 204), or a FerryError / BrokerUnavailable."""
-        attempts = Attempts(self.policy, self.endpoints, f"{method} {path}", idempotent=idempotent)
-        query = {k: v for k, v in (params or {}).items() if v is not None}
-        for url, delay in attempts:
-            if delay:
-                self._sleep(delay)
-            try:
-                response = self._client.request(
-                    method,
-                    url + API_PREFIX + path,
-                    json=json,
-                    params=query,
-                    timeout=timeout or self.timeout,
-                )
-            except httpx.TransportError as exc:
-                attempts.failed(url, exc)
-                continue
-            done, body = attempts.answered(url, response)
-            if done:
-                return body
-        raise attempts.give_up()
+        return self.send(Request(method, path, json, params, idempotent, timeout))
+
+    def send(self, request: Request) -> Any:
+        """Send a Request: the shell that sleeps and sends what attempt_all asks for."""
+        tries = attempt_all(
+            request, self._client.build_request, self.policy, self.endpoints, self.timeout
+        )
+        outcome: httpx.Response | httpx.TransportError
+        try:
+            delay, http_request = next(tries)
+            while True:
+                if delay:
+                    self._sleep(delay)
+                try:
+                    outcome = self._client.send(http_request)
+                except httpx.TransportError as exc:
+                    outcome = exc
+                delay, http_request = tries.send(outcome)
+        except StopIteration as done:
+            return done.value
+
+    def run(self, exchange: Exchange[T]) -> T:
+        """Drive an Exchange: send each Request it yields, hand back the body or the error."""
+        body: Any = None
+        error: Exception | None = None
+        try:
+            while True:
+                request = exchange.send(body) if error is None else exchange.throw(error)
+                body, error = None, None
+                try:
+                    body = self.send(request)
+                except Exception as exc:
+                    error = exc
+        except StopIteration as done:
+            result: T = done.value
+            return result
 
     def close(self) -> None:
         self._client.close()
@@ -249,26 +356,42 @@ class AsyncTransport:
         timeout: float | None = None,
     ) -> Any:
         """The answer's JSON body (None for 204), or a FerryError / BrokerUnavailable."""
-        attempts = Attempts(self.policy, self.endpoints, f"{method} {path}", idempotent=idempotent)
-        query = {k: v for k, v in (params or {}).items() if v is not None}
-        for url, delay in attempts:
-            if delay:
-                await asyncio.sleep(delay)
-            try:
-                response = await self._client.request(
-                    method,
-                    url + API_PREFIX + path,
-                    json=json,
-                    params=query,
-                    timeout=timeout or self.timeout,
-                )
-            except httpx.TransportError as exc:
-                attempts.failed(url, exc)
-                continue
-            done, body = attempts.answered(url, response)
-            if done:
-                return body
-        raise attempts.give_up()
+        return await self.send(Request(method, path, json, params, idempotent, timeout))
+
+    async def send(self, request: Request) -> Any:
+        """Send a Request: the shell that sleeps and sends what attempt_all asks for."""
+        tries = attempt_all(
+            request, self._client.build_request, self.policy, self.endpoints, self.timeout
+        )
+        outcome: httpx.Response | httpx.TransportError
+        try:
+            delay, http_request = next(tries)
+            while True:
+                if delay:
+                    await asyncio.sleep(delay)
+                try:
+                    outcome = await self._client.send(http_request)
+                except httpx.TransportError as exc:
+                    outcome = exc
+                delay, http_request = tries.send(outcome)
+        except StopIteration as done:
+            return done.value
+
+    async def run(self, exchange: Exchange[T]) -> T:
+        """Drive an Exchange: send each Request it yields, hand back the body or the error."""
+        body: Any = None
+        error: Exception | None = None
+        try:
+            while True:
+                request = exchange.send(body) if error is None else exchange.throw(error)
+                body, error = None, None
+                try:
+                    body = await self.send(request)
+                except Exception as exc:
+                    error = exc
+        except StopIteration as done:
+            result: T = done.value
+            return result
 
     async def aclose(self) -> None:
         await self._client.aclose()
