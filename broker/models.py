@@ -69,14 +69,15 @@ class Message(models.Model):
         indexes = [
             models.Index(fields=["partition", "timestamp_ms"], name="message_partition_ts_idx"),
             # The console's message browser finds messages by key and by client message id
-            # without a scan; partial, so keyless and id-less messages cost nothing to insert.
+            # without a scan, newest first (the offset serves the ORDER BY); partial, so keyless
+            # and id-less messages cost nothing to insert.
             models.Index(
-                fields=["partition", "key"],
+                fields=["partition", "key", "offset"],
                 condition=models.Q(key__isnull=False),
                 name="message_partition_key_idx",
             ),
             models.Index(
-                fields=["partition", "client_id"],
+                fields=["partition", "client_id", "offset"],
                 condition=models.Q(client_id__isnull=False),
                 name="message_partition_cid_idx",
             ),

@@ -139,7 +139,7 @@ class Migration(migrations.Migration):
             model_name="message",
             index=models.Index(
                 condition=models.Q(("key__isnull", False)),
-                fields=["partition", "key"],
+                fields=["partition", "key", "offset"],
                 name="message_partition_key_idx",
             ),
         ),
@@ -147,7 +147,7 @@ class Migration(migrations.Migration):
             model_name="message",
             index=models.Index(
                 condition=models.Q(("client_id__isnull", False)),
-                fields=["partition", "client_id"],
+                fields=["partition", "client_id", "offset"],
                 name="message_partition_cid_idx",
             ),
         ),
