@@ -15,7 +15,7 @@ from ninja.parser import Parser
 from ninja.renderers import BaseRenderer
 from ninja.security import HttpBearer
 
-from broker import schemas, wire
+from broker import arrow, schemas, wire
 from broker.core import (
     audit,
     browse,
@@ -430,7 +430,15 @@ async def lookup_messages(
 
 
 @api.get(
-    "/topics/{name}/partitions/{partition}/messages", response=schemas.FetchOut, tags=["messages"]
+    "/topics/{name}/partitions/{partition}/messages",
+    response=schemas.FetchOut,
+    tags=["messages"],
+    # The bulk format (broker/arrow.py) is chosen by the Accept header; errors stay JSON.
+    openapi_extra={
+        "responses": {
+            200: {"content": {arrow.MEDIA_TYPE: {"schema": {"type": "string", "format": "binary"}}}}
+        }
+    },
 )
 async def fetch(
     request: AuthedRequest,
@@ -443,6 +451,8 @@ async def fetch(
     result = await log.read_messages_async(
         request.auth, name, partition, offset, limit, max_wait_ms
     )
+    if arrow.accepts_arrow(request.headers.get("Accept", "")):
+        return HttpResponse(arrow.fetch_stream(result), content_type=arrow.MEDIA_TYPE)
     return json_response(
         {
             "messages": [wire.message_out(m) for m in result.messages],

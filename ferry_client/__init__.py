@@ -8,11 +8,13 @@ from ferry_client.consumer import AsyncConsumer, Consumer
 from ferry_client.errors import BrokerUnavailable, FerryError, Reject
 from ferry_client.producer import Producer
 from ferry_client.producer_async import AsyncProducer
+from ferry_client.reader import ArrowPage, FetchPage, PartitionOffsets, Reader
 from ferry_client.records import Delivery, Message, SendHooks, SendResult
 
 __all__ = [
     "UNSET",
     "Admin",
+    "ArrowPage",
     "AsyncConsumer",
     "AsyncProducer",
     "BrokerUnavailable",
@@ -20,8 +22,11 @@ __all__ = [
     "DeadLetterPage",
     "Delivery",
     "FerryError",
+    "FetchPage",
     "Message",
+    "PartitionOffsets",
     "Producer",
+    "Reader",
     "Reject",
     "SendHooks",
     "SendResult",

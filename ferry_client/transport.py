@@ -42,7 +42,8 @@ class Request:
     """One REST call: its method, path under /api/v1, JSON body and query (None values dropped).
 
     `idempotent=False` retries it only when it never reached a broker (so it never runs twice);
-    `timeout` overrides the transport's for this call.
+    `timeout` overrides the transport's for this call; `accept` asks for a media type other than
+    JSON (an Arrow stream), and the answer is then its bytes.
     """
 
     method: str
@@ -51,6 +52,7 @@ class Request:
     params: Params | None = None
     idempotent: bool = True
     timeout: float | None = None
+    accept: str | None = None
 
 
 # A call written once for both shells: yields each Request and receives its answer's body.
@@ -164,8 +166,16 @@ class Attempts:
                 "unavailable", f"{self.what} on {url} got no answer: {exc!r}"
             ) from exc
 
-    def answered(self, url: str, response: httpx.Response) -> tuple[bool, Any]:
-        """(True, body) when done; (False, None) to retry a 5xx; raises the error of a 4xx."""
+    def answered(
+        self, url: str, response: httpx.Response, *, raw: bool = False
+    ) -> tuple[bool, Any]:
+        """(True, body) when done; (False, None) to retry a 5xx; raises the error of a 4xx.
+
+        With `raw`, a successful body is the response's bytes (errors are still JSON).
+        """
+        if raw and response.status_code < 400:
+            self.endpoints.succeeded(url)
+            return True, response.content
         body = body_of(response)
         if response.status_code < 400:
             self.endpoints.succeeded(url)
@@ -210,6 +220,7 @@ def attempt_all(
         policy, endpoints, f"{request.method} {request.path}", idempotent=request.idempotent
     )
     query = {k: v for k, v in (request.params or {}).items() if v is not None}
+    headers = {"Accept": request.accept} if request.accept else None
     for url, delay in attempts:
         outcome = yield (
             delay,
@@ -218,13 +229,14 @@ def attempt_all(
                 url + API_PREFIX + request.path,
                 json=request.json,
                 params=query,
+                headers=headers,
                 timeout=request.timeout or default_timeout,
             ),
         )
         if isinstance(outcome, httpx.TransportError):
             attempts.failed(url, outcome)
             continue
-        done, body = attempts.answered(url, outcome)
+        done, body = attempts.answered(url, outcome, raw=request.accept is not None)
         if done:
             return body
     raise attempts.give_up()
@@ -283,9 +295,13 @@ class Transport:
         params: Params | None = None,
         idempotent: bool = True,
         timeout: float | None = None,
+        accept: str | None = None,
     ) -> Any:
-        """The answer's JSON body (None for 204), or a FerryError / BrokerUnavailable."""
-        return self.send(Request(method, path, json, params, idempotent, timeout))
+        """The answer's JSON body (None for 204), or a FerryError / BrokerUnavailable.
+
+        With `accept` (a media type other than JSON), the answer's bytes instead.
+        """
+        return self.send(Request(method, path, json, params, idempotent, timeout, accept))
 
     def send(self, request: Request) -> Any:
         """Send a Request: the shell that sleeps and sends what attempt_all asks for."""
@@ -354,9 +370,13 @@ class AsyncTransport:
         params: Params | None = None,
         idempotent: bool = True,
         timeout: float | None = None,
+        accept: str | None = None,
     ) -> Any:
-        """The answer's JSON body (None for 204), or a FerryError / BrokerUnavailable."""
-        return await self.send(Request(method, path, json, params, idempotent, timeout))
+        """The answer's JSON body (None for 204), or a FerryError / BrokerUnavailable.
+
+        With `accept` (a media type other than JSON), the answer's bytes instead.
+        """
+        return await self.send(Request(method, path, json, params, idempotent, timeout, accept))
 
     async def send(self, request: Request) -> Any:
         """Send a Request: the shell that sleeps and sends what attempt_all asks for."""

@@ -1,0 +1,140 @@
+"""Reader: a topic's log by offset, without a consumer group (docs/client.md#reading-by-offset).
+
+What bulk readers such as the Spark data source (docs/pipeline.md) need: every partition's
+start and end offsets in one request, and ranged fetches as JSON or as an Arrow IPC stream.
+pyarrow is needed only for `fetch_arrow`, and imported only there.
+"""
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+import httpx
+
+from ferry_client import transport
+
+if TYPE_CHECKING:
+    import pyarrow
+
+ARROW_STREAM = "application/vnd.apache.arrow.stream"
+
+Json = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class PartitionOffsets:
+    """A partition's start offset (first kept) and end offset (next to be written).
+
+    `offset_for_timestamp`: the first offset at or after the asked time, else the end offset;
+    None when no time was asked.
+    """
+
+    partition: int
+    start_offset: int
+    end_offset: int
+    offset_for_timestamp: int | None = None
+
+
+@dataclass(frozen=True)
+class FetchPage:
+    """One fetch of a partition: the messages as the JSON answer has them, and where next."""
+
+    messages: list[Json]
+    next_offset: int
+    start_offset: int
+    end_offset: int
+
+
+@dataclass(frozen=True)
+class ArrowPage:
+    """One fetch as an Arrow table (columns of docs/api.md's Arrow answer), and where next."""
+
+    table: "pyarrow.Table"
+    next_offset: int
+    start_offset: int
+    end_offset: int
+
+
+class Reader:
+    """Read topics by partition and offset over REST (needs `consume` on the topic).
+
+    Reads are retried on the next URL on connection errors, timeouts and 5xx answers.
+    """
+
+    def __init__(
+        self,
+        urls: str | Sequence[str],
+        api_key: str,
+        *,
+        timeout: float = transport.DEFAULT_TIMEOUT_S,
+        retries: int = 3,
+        http_transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self._rest = transport.Transport(
+            urls,
+            api_key,
+            timeout=timeout,
+            policy=transport.RetryPolicy(retries=retries),
+            http_transport=http_transport,
+        )
+
+    def close(self) -> None:
+        self._rest.close()
+
+    def __enter__(self) -> "Reader":
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def offsets(self, topic: str, timestamp_ms: int | None = None) -> list[PartitionOffsets]:
+        """Every partition's start and end offsets (one request), by partition number."""
+        body = self._rest.request(
+            "GET", f"/topics/{topic}/offsets", params={"timestamp": timestamp_ms}
+        )
+        return [
+            PartitionOffsets(
+                p["partition"], p["start_offset"], p["end_offset"], p.get("offset_for_timestamp")
+            )
+            for p in body["partitions"]
+        ]
+
+    def fetch(
+        self, topic: str, partition: int, offset: int | None = None, limit: int = 100
+    ) -> FetchPage:
+        """At most `limit` messages of a partition from `offset` (default: its start offset)."""
+        body = self._rest.request(
+            "GET",
+            f"/topics/{topic}/partitions/{partition}/messages",
+            params={"offset": offset, "limit": limit},
+        )
+        return FetchPage(
+            body["messages"], body["next_offset"], body["start_offset"], body["end_offset"]
+        )
+
+    def fetch_arrow(
+        self, topic: str, partition: int, offset: int | None = None, limit: int = 10_000
+    ) -> ArrowPage:
+        """The same fetch as one Arrow table: the bulk format, several times cheaper to decode."""
+        import pyarrow as pa  # optional: only this method needs pyarrow
+
+        content = self._rest.request(
+            "GET",
+            f"/topics/{topic}/partitions/{partition}/messages",
+            params={"offset": offset, "limit": limit},
+            accept=ARROW_STREAM,
+        )
+        table = pa.ipc.open_stream(content).read_all()
+        metadata = table.schema.metadata or {}
+        return ArrowPage(
+            table.replace_schema_metadata(None),
+            int(metadata[b"next_offset"]),
+            int(metadata[b"start_offset"]),
+            int(metadata[b"end_offset"]),
+        )

@@ -1,0 +1,27 @@
+"""Errors of the `ferry` data source that a Spark user can act on (docs/pipeline.md)."""
+
+from ferry_client import BrokerUnavailable, FerryError
+from pipeline.options import Connection
+
+
+class FerrySourceError(RuntimeError):
+    """The broker refused or could not be reached; the message says which and what to check."""
+
+
+def explain(conn: Connection, exc: Exception, what: str) -> FerrySourceError:
+    """A broker failure as an error a Spark user can act on."""
+    if isinstance(exc, FerryError) and not (
+        isinstance(exc, BrokerUnavailable) and exc.code == "unavailable"
+    ):
+        hint = {
+            "unauthenticated": "check the 'apiKey' option",
+            "permission_denied": "the API key lacks the permission on this topic",
+            "topic_not_found": "check the 'topic' option, or create the topic",
+        }.get(exc.code, "")
+        suffix = f" ({hint})" if hint else ""
+        return FerrySourceError(
+            f"Ferry at {conn.url} refused {what}: {exc.code}: {exc.message}{suffix}"
+        )
+    return FerrySourceError(
+        f"Could not reach Ferry at {conn.url} for {what} (check the 'url' option): {exc}"
+    )

@@ -1,0 +1,108 @@
+"""What every pipeline job shares: its Spark session, the broker arguments, times on the CLI.
+
+Each job is a module with `main(argv)`, run as `python -m pipeline.jobs.<name>`, as
+`python manage.py pipeline <name>` or with `spark-submit` (docs/pipeline.md#jobs).
+"""
+
+import argparse
+import os
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def add_broker_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--url", default=os.environ.get("FERRY_URL"), help="broker base URL (env FERRY_URL)"
+    )
+    parser.add_argument(
+        "--api-key", default=os.environ.get("FERRY_KEY"), help="Ferry API key (env FERRY_KEY)"
+    )
+
+
+def check_broker_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if not args.url:
+        parser.error("give the broker URL: --url or FERRY_URL")
+    if not args.api_key:
+        parser.error("give an API key: --api-key or FERRY_KEY")
+
+
+def broker_options(args: argparse.Namespace, **more: Any) -> dict[str, str]:
+    """The `ferry` data source options for these arguments."""
+    given = {"url": args.url, "apiKey": args.api_key, **more}
+    return {name: str(value) for name, value in given.items() if value is not None}
+
+
+def time_ms(text: str) -> int:
+    """Milliseconds since the epoch from digits, or from an ISO 8601 time (UTC if no zone)."""
+    if text.isdigit():
+        return int(text)
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"not a time: {text!r} (ISO 8601, e.g. 2026-11-23T14:00, or epoch milliseconds)"
+        ) from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return int(moment.timestamp() * 1000)
+
+
+def session(app_name: str) -> "SparkSession":
+    """The job's SparkSession, with `ferry` registered.
+
+    Under spark-submit the master and confs are spark-submit's; run directly, it is
+    `local[*]`, with this interpreter and this checkout for the Python workers.
+    """
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    path = os.environ.get("PYTHONPATH", "")
+    if str(ROOT) not in path.split(os.pathsep):
+        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), path) if p)
+    from pyspark.sql import SparkSession
+
+    import pipeline
+
+    spark = (
+        SparkSession.builder.appName(app_name)
+        .config("spark.sql.session.timeZone", "UTC")
+        .getOrCreate()
+    )
+    pipeline.register(spark)
+    return spark
+
+
+def say(text: str) -> None:
+    """A progress or summary line, at once (Spark's own output is on stderr)."""
+    print(text, flush=True)
+
+
+def follow(query: Any, what: str, poll_s: float = 0.2) -> list[dict[str, Any]]:
+    """Print a line per micro-batch of a streaming query until it ends; its progress reports."""
+    import time
+
+    seen: set[int] = set()
+    reports: list[dict[str, Any]] = []
+
+    def report_new() -> None:
+        for progress in query.recentProgress:
+            if progress["batchId"] in seen:
+                continue
+            seen.add(progress["batchId"])
+            reports.append(progress)
+            rows = progress["numInputRows"]
+            if rows:
+                rate = progress.get("processedRowsPerSecond") or 0.0
+                say(f"{what}: batch {progress['batchId']}: {rows} messages ({rate:,.0f}/s)")
+
+    while query.isActive:
+        report_new()
+        time.sleep(poll_s)
+    report_new()
+    query.awaitTermination()  # raises the query's failure, if it failed
+    return reports
