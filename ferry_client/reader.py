@@ -10,11 +10,8 @@ shell that runs them on a `transport.Transport`; an asyncio reader would run the
 an `AsyncTransport`.
 """
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
-
-import httpx
 
 from ferry_client import transport
 
@@ -113,31 +110,11 @@ def read_arrow(
     )
 
 
-class Reader(transport.Closing):
+class Reader(transport.Client):
     """Read topics by partition and offset over REST (needs `consume` on the topic).
 
     Reads are retried on the next URL on connection errors, timeouts and 5xx answers.
     """
-
-    def __init__(
-        self,
-        urls: str | Sequence[str],
-        api_key: str,
-        *,
-        timeout: float = transport.DEFAULT_TIMEOUT_S,
-        retries: int = 3,
-        http_transport: httpx.BaseTransport | None = None,
-    ) -> None:
-        self._rest = transport.Transport(
-            urls,
-            api_key,
-            timeout=timeout,
-            policy=transport.RetryPolicy(retries=retries),
-            http_transport=http_transport,
-        )
-
-    def close(self) -> None:
-        self._rest.close()
 
     def offsets(self, topic: str, timestamp_ms: int | None = None) -> list[PartitionOffsets]:
         """Every partition's start and end offsets (one request), by partition number."""

@@ -415,3 +415,30 @@ class AsyncTransport:
 
     async def aclose(self) -> None:
         await self._client.aclose()
+
+
+class Client(Closing):
+    """A blocking REST client (Admin, Reader): one Transport, retrying `retries` times.
+
+    `urls` is one broker URL or several (a list, or comma-separated) for failover.
+    """
+
+    def __init__(
+        self,
+        urls: str | Sequence[str],
+        api_key: str,
+        *,
+        timeout: float = DEFAULT_TIMEOUT_S,
+        retries: int = 3,
+        http_transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self._rest = Transport(
+            urls,
+            api_key,
+            timeout=timeout,
+            policy=RetryPolicy(retries=retries),
+            http_transport=http_transport,
+        )
+
+    def close(self) -> None:
+        self._rest.close()
