@@ -6,10 +6,13 @@ two thin shells, the sync `Transport` (httpx.Client) and the asyncio `AsyncTrans
 
 - `Request`: one REST call as the client builds it (method, path, body, query, idempotent).
 - `Attempts` and `attempt_all`: which URL next, how long to wait first, what to retry, and the
-  error a failure maps to; the shells only sleep and send what `attempt_all` yields.
+  error a failure maps to.
 - `Exchange`: a call made of requests and rules around them (a producer's hooks, a reader's
   answer parsing), written once as a generator that yields each `Request` and gets its answer's
-  body back (or its error thrown in); `Transport.run` and `AsyncTransport.run` drive it.
+  body back (or its error thrown in).
+- `steps`: an exchange and the attempts of each of its requests, as the effects a shell performs:
+  sleep this long, send this HTTP request. `Transport.run` and `AsyncTransport.run` perform them
+  and do nothing else.
 """
 
 import asyncio
@@ -57,9 +60,11 @@ class Request:
 
 # A call written once for both shells: yields each Request and receives its answer's body.
 Exchange = Generator[Request, Any, T]
-# One request's attempts, without I/O: yields (seconds to wait, the HTTP request to send) and
-# receives the response or the transport error; returns the answer's body.
-Tries = Generator[tuple[float, httpx.Request], httpx.Response | httpx.TransportError, Any]
+# What a shell does for the rules: sleep this many seconds (and send back None), or send this HTTP
+# request (and send back its response, or the transport error it raised).
+Effect = float | httpx.Request
+Outcome = httpx.Response | httpx.TransportError | None
+Steps = Generator[Effect, Outcome, T]
 
 
 def normalize_url(url: str) -> str:
@@ -211,7 +216,7 @@ def attempt_all(
     policy: RetryPolicy,
     endpoints: Endpoints,
     default_timeout: float,
-) -> Tries:
+) -> Steps[Any]:
     """Every attempt of one request, until an answer, a refusal or giving up (no I/O here).
 
     `build` is the httpx client's build_request, so the request carries the client's headers.
@@ -222,24 +227,50 @@ def attempt_all(
     query = {k: v for k, v in (request.params or {}).items() if v is not None}
     headers = {"Accept": request.accept} if request.accept else None
     for url, delay in attempts:
-        outcome = yield (
-            delay,
-            build(
-                request.method,
-                url + API_PREFIX + request.path,
-                json=request.json,
-                params=query,
-                headers=headers,
-                timeout=request.timeout or default_timeout,
-            ),
+        if delay:
+            yield delay
+        outcome = yield build(
+            request.method,
+            url + API_PREFIX + request.path,
+            json=request.json,
+            params=query,
+            headers=headers,
+            timeout=request.timeout or default_timeout,
         )
-        if isinstance(outcome, httpx.TransportError):
+        if isinstance(outcome, httpx.Response):
+            done, body = attempts.answered(url, outcome, raw=request.accept is not None)
+            if done:
+                return body
+        elif outcome is not None:
             attempts.failed(url, outcome)
-            continue
-        done, body = attempts.answered(url, outcome, raw=request.accept is not None)
-        if done:
-            return body
     raise attempts.give_up()
+
+
+def steps(
+    exchange: Exchange[T],
+    build: Callable[..., httpx.Request],
+    policy: RetryPolicy,
+    endpoints: Endpoints,
+    default_timeout: float,
+) -> Steps[T]:
+    """The effects an exchange needs: each request's attempts in turn (no I/O here).
+
+    A request's answer goes back into the exchange; its FerryError or BrokerUnavailable is
+    thrown into it, where the exchange may handle it or let it out.
+    """
+    body: Any = None
+    error: Exception | None = None
+    while True:
+        try:
+            request = exchange.send(body) if error is None else exchange.throw(error)
+        except StopIteration as done:
+            result: T = done.value
+            return result
+        body, error = None, None
+        try:
+            body = yield from attempt_all(request, build, policy, endpoints, default_timeout)
+        except Exception as exc:
+            error = exc
 
 
 def single(request: Request) -> Exchange[Any]:
@@ -304,36 +335,26 @@ class Transport:
         return self.send(Request(method, path, json, params, idempotent, timeout, accept))
 
     def send(self, request: Request) -> Any:
-        """Send a Request: the shell that sleeps and sends what attempt_all asks for."""
-        tries = attempt_all(
-            request, self._client.build_request, self.policy, self.endpoints, self.timeout
-        )
-        outcome: httpx.Response | httpx.TransportError
-        try:
-            delay, http_request = next(tries)
-            while True:
-                if delay:
-                    self._sleep(delay)
-                try:
-                    outcome = self._client.send(http_request)
-                except httpx.TransportError as exc:
-                    outcome = exc
-                delay, http_request = tries.send(outcome)
-        except StopIteration as done:
-            return done.value
+        """The answer's body of one Request (or its error)."""
+        return self.run(single(request))
 
     def run(self, exchange: Exchange[T]) -> T:
-        """Drive an Exchange: send each Request it yields, hand back the body or the error."""
-        body: Any = None
-        error: Exception | None = None
+        """Run an Exchange: the shell that sleeps and sends what its steps ask for."""
+        todo = steps(
+            exchange, self._client.build_request, self.policy, self.endpoints, self.timeout
+        )
+        outcome: Outcome = None
         try:
             while True:
-                request = exchange.send(body) if error is None else exchange.throw(error)
-                body, error = None, None
-                try:
-                    body = self.send(request)
-                except Exception as exc:
-                    error = exc
+                effect = todo.send(outcome)
+                if isinstance(effect, httpx.Request):
+                    try:
+                        outcome = self._client.send(effect)
+                    except httpx.TransportError as exc:
+                        outcome = exc
+                else:
+                    self._sleep(effect)
+                    outcome = None
         except StopIteration as done:
             result: T = done.value
             return result
@@ -379,36 +400,26 @@ class AsyncTransport:
         return await self.send(Request(method, path, json, params, idempotent, timeout, accept))
 
     async def send(self, request: Request) -> Any:
-        """Send a Request: the shell that sleeps and sends what attempt_all asks for."""
-        tries = attempt_all(
-            request, self._client.build_request, self.policy, self.endpoints, self.timeout
-        )
-        outcome: httpx.Response | httpx.TransportError
-        try:
-            delay, http_request = next(tries)
-            while True:
-                if delay:
-                    await asyncio.sleep(delay)
-                try:
-                    outcome = await self._client.send(http_request)
-                except httpx.TransportError as exc:
-                    outcome = exc
-                delay, http_request = tries.send(outcome)
-        except StopIteration as done:
-            return done.value
+        """The answer's body of one Request (or its error)."""
+        return await self.run(single(request))
 
     async def run(self, exchange: Exchange[T]) -> T:
-        """Drive an Exchange: send each Request it yields, hand back the body or the error."""
-        body: Any = None
-        error: Exception | None = None
+        """Run an Exchange: the shell that sleeps and sends what its steps ask for."""
+        todo = steps(
+            exchange, self._client.build_request, self.policy, self.endpoints, self.timeout
+        )
+        outcome: Outcome = None
         try:
             while True:
-                request = exchange.send(body) if error is None else exchange.throw(error)
-                body, error = None, None
-                try:
-                    body = await self.send(request)
-                except Exception as exc:
-                    error = exc
+                effect = todo.send(outcome)
+                if isinstance(effect, httpx.Request):
+                    try:
+                        outcome = await self._client.send(effect)
+                    except httpx.TransportError as exc:
+                        outcome = exc
+                else:
+                    await asyncio.sleep(effect)
+                    outcome = None
         except StopIteration as done:
             result: T = done.value
             return result
