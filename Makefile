@@ -10,7 +10,7 @@ test:       ## set up, lint, then the whole suite on SQLite and on PostgreSQL
 test-fast:  ## the SQLite suite only, no set-up checks
 	.venv/bin/pytest -q
 
-lint:       ## ruff check, format check and mypy
+lint:       ## ruff check, format check, mypy and the import contracts
 	scripts/lint
 
 services:   ## start PostgreSQL on loopback for the production setup (prints DATABASE_URL)

@@ -275,7 +275,7 @@ def main() -> int:
     setup_django(tmp)
     from django.db import connection, connections
 
-    from broker.core import keys, membership, topics
+    from broker.core import groups, keys, topics
 
     stamp = time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}"
     _, secret = keys.create_api_key(
@@ -284,7 +284,7 @@ def main() -> int:
     names = {k: f"bench-ws-{k}-{stamp}" for k in ("consume", "fanout", "publish", "latency")}
     for kind, name in names.items():
         topics.create_topic(keys.CONSOLE, name, PARTITIONS if kind == "consume" else 1)
-    membership.configure_group(keys.CONSOLE, "bench-fanout", mode="broadcast")
+    groups.configure_group(keys.CONSOLE, "bench-fanout", mode="broadcast")
     vendor, database = connection.vendor, database_description()
     connections.close_all()
     port = free_port()

@@ -337,7 +337,7 @@ def alter_topic(request: AuthedRequest, name: str, body: schemas.TopicPatch) -> 
         "topic.alter",
         name,
         changes,
-        lambda: topics.alter_topic(request.auth, name, **changes),
+        lambda: membership.alter_topic(request.auth, name, **changes),
     )
     return topic_out(info)
 
@@ -360,7 +360,7 @@ def purge_topic(
         "topic.purge",
         name,
         {"up_to": {str(p): o for p, o in up_to.items()} if up_to is not None else None},
-        lambda: topics.purge_topic(request.auth, name, up_to),
+        lambda: log.purge_topic(request.auth, name, up_to),
         lambda r: {"removed": r.removed},
     )
     return {
@@ -807,7 +807,7 @@ def configure_group(request: AuthedRequest, group: str, body: schemas.GroupPatch
         "group.configure",
         group,
         body.model_dump(exclude_unset=True),
-        lambda: membership.configure_group(
+        lambda: groups.configure_group(
             request.auth,
             group,
             strategy=body.strategy,

@@ -7,10 +7,7 @@ returns the answer's JSON (dicts and lists, the fields documented there).
 import enum
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from types import TracebackType
 from typing import Any, Literal
-
-import httpx
 
 from ferry_client import transport
 
@@ -41,43 +38,12 @@ class DeadLetterPage:
     next_after_id: int | None
 
 
-class Admin:
+class Admin(transport.Client):
     """Manage a Ferry broker over REST; most calls need an `admin` key on what they touch.
 
     Failed reads and settings changes are retried on the next URL; creates, deletes, redrives
     and purges only when the request never reached a broker (so none happens twice).
     """
-
-    def __init__(
-        self,
-        urls: str | Sequence[str],
-        api_key: str,
-        *,
-        timeout: float = transport.DEFAULT_TIMEOUT_S,
-        retries: int = 3,
-        http_transport: httpx.BaseTransport | None = None,
-    ) -> None:
-        self._rest = transport.Transport(
-            urls,
-            api_key,
-            timeout=timeout,
-            policy=transport.RetryPolicy(retries=retries),
-            http_transport=http_transport,
-        )
-
-    def close(self) -> None:
-        self._rest.close()
-
-    def __enter__(self) -> "Admin":
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     def health(self) -> Json:
         """{"status": "ok", "database": ...} from the first broker URL that answers."""

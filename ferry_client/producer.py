@@ -1,9 +1,11 @@
 """The producer: send and wait until durable, or send in the background with linger.
 
 See docs/client.md#producing. `Producer` is for threads (a linger thread sends the background
-batches); producer_async.py has the asyncio twin, which shares `Sender`. Every message gets a
-client id before its first attempt, so a retry after a timeout or a lost connection stores it
-once.
+batches); producer_async.py has the asyncio twin. Both are shells over what is written once
+here: the messages (`new_message`, `as_message`), the request and its hooks (`Sender.exchange`,
+run by either transport), the futures' outcome (`Sender.resolve`), batching with linger
+(batching.py) and retries with failover (transport.py). Every message gets a client id before
+its first attempt, so a retry after a timeout or a lost connection stores it once.
 """
 
 import concurrent.futures
@@ -11,8 +13,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from types import TracebackType
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import httpx
 
@@ -24,6 +25,18 @@ logger = logging.getLogger(__name__)
 DEFAULT_LINGER_MS = 5
 DEFAULT_BATCH_SIZE = 500
 DEFAULT_RETRIES = 5
+
+R = TypeVar("R", contravariant=True)
+
+
+class Outcome(Protocol[R]):
+    """What both producers' futures have (concurrent.futures.Future, asyncio.Future)."""
+
+    def done(self) -> bool: ...
+
+    def set_result(self, result: R, /) -> None: ...
+
+    def set_exception(self, exception: BaseException, /) -> None: ...
 
 
 def as_message(item: Message | Value) -> Message:
@@ -69,6 +82,37 @@ class Sender:
             for m, r in zip(messages, body["results"], strict=True)
         ]
 
+    def exchange(
+        self, topic: str, messages: Sequence[Message]
+    ) -> transport.Exchange[list[SendResult]]:
+        """One send: the hooks around one request; either transport runs it."""
+        self.before(topic, messages)
+        try:
+            body = yield transport.Request("POST", self.path(topic), json=self.body(messages))
+            results = self.results(topic, messages, body)
+        except Exception as exc:
+            self.after(topic, messages, exc)
+            raise
+        self.after(topic, messages, results)
+        return results
+
+    @staticmethod
+    def resolve(
+        topic: str,
+        items: Sequence[tuple[Message, Outcome[SendResult]]],
+        outcome: Sequence[SendResult] | Exception,
+    ) -> None:
+        """Hand a background batch's results, or its error, to the futures still waiting."""
+        if isinstance(outcome, Exception):
+            logger.warning("sending %d messages to %s failed: %s", len(items), topic, outcome)
+            for _, future in items:
+                if not future.done():
+                    future.set_exception(outcome)
+            return
+        for (_, future), result in zip(items, outcome, strict=True):
+            if not future.done():
+                future.set_result(result)
+
     def before(self, topic: str, messages: Sequence[Message]) -> None:
         for hook in self.hooks:
             if hook.before_send is not None:
@@ -92,7 +136,7 @@ def retry_policy(retries: int, backoff_ms: int, max_backoff_ms: int) -> transpor
     return transport.RetryPolicy(retries, backoff_ms / 1000, max_backoff_ms / 1000)
 
 
-class Producer:
+class Producer(transport.Closing):
     """Sends messages to Ferry over REST, from any number of threads.
 
     `send` and `send_batch` return once the broker has committed the messages. `send_async`
@@ -216,29 +260,8 @@ class Producer:
             thread.join()
         self._transport.close()
 
-    def __enter__(self) -> "Producer":
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
     def _send(self, topic: str, messages: list[Message]) -> list[SendResult]:
-        self._sender.before(topic, messages)
-        try:
-            body = self._transport.request(
-                "POST", self._sender.path(topic), json=self._sender.body(messages)
-            )
-            results = self._sender.results(topic, messages, body)
-        except Exception as exc:
-            self._sender.after(topic, messages, exc)
-            raise
-        self._sender.after(topic, messages, results)
-        return results
+        return self._transport.run(self._sender.exchange(topic, messages))
 
     def _linger(self) -> None:
         """The linger thread: sends due batches one at a time, so a topic's order holds."""
@@ -269,12 +292,9 @@ class Producer:
     def _send_background(
         self, topic: str, items: list[tuple[Message, "concurrent.futures.Future[SendResult]"]]
     ) -> None:
+        outcome: list[SendResult] | Exception
         try:
-            results = self._send(topic, [m for m, _ in items])
+            outcome = self._send(topic, [m for m, _ in items])
         except Exception as exc:
-            logger.warning("sending %d messages to %s failed: %s", len(items), topic, exc)
-            for _, future in items:
-                future.set_exception(exc)
-        else:
-            for (_, future), result in zip(items, results, strict=True):
-                future.set_result(result)
+            outcome = exc
+        self._sender.resolve(topic, items, outcome)

@@ -1,11 +1,11 @@
 """The asyncio producer: `await send(...)`, or `send_async(...)` and a linger task.
 
-See docs/client.md#producing; the rules (ids, retries, hooks, batching) are producer.py's.
+See docs/client.md#producing; the rules (ids, the request and its hooks, the futures' outcome,
+batching, retries) are producer.py's, batching.py's and transport.py's: this is the asyncio shell.
 """
 
 import asyncio
 import contextlib
-import logging
 from collections.abc import Iterable, Mapping, Sequence
 from types import TracebackType
 
@@ -13,8 +13,6 @@ import httpx
 
 from ferry_client import batching, producer, transport
 from ferry_client.records import Message, SendHooks, SendResult, Value
-
-logger = logging.getLogger(__name__)
 
 
 class AsyncProducer:
@@ -146,17 +144,7 @@ class AsyncProducer:
         return self._wake, self._progress
 
     async def _send(self, topic: str, messages: list[Message]) -> list[SendResult]:
-        self._sender.before(topic, messages)
-        try:
-            body = await self._transport.request(
-                "POST", self._sender.path(topic), json=self._sender.body(messages)
-            )
-            results = self._sender.results(topic, messages, body)
-        except Exception as exc:
-            self._sender.after(topic, messages, exc)
-            raise
-        self._sender.after(topic, messages, results)
-        return results
+        return await self._transport.run(self._sender.exchange(topic, messages))
 
     async def _linger(self) -> None:
         """The linger task: sends due batches one at a time, so a topic's order holds."""
@@ -188,14 +176,9 @@ class AsyncProducer:
     async def _send_background(
         self, topic: str, items: list[tuple[Message, "asyncio.Future[SendResult]"]]
     ) -> None:
+        outcome: list[SendResult] | Exception
         try:
-            results = await self._send(topic, [m for m, _ in items])
+            outcome = await self._send(topic, [m for m, _ in items])
         except Exception as exc:
-            logger.warning("sending %d messages to %s failed: %s", len(items), topic, exc)
-            for _, future in items:
-                if not future.done():
-                    future.set_exception(exc)
-        else:
-            for (_, future), result in zip(items, results, strict=True):
-                if not future.done():
-                    future.set_result(result)
+            outcome = exc
+        self._sender.resolve(topic, items, outcome)

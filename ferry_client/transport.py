@@ -1,16 +1,28 @@
 """REST to the broker: several URLs with failover, retries with backoff, typed errors.
 
-See docs/client.md#retries-and-failover. The retry decisions live in `Attempts`, shared by
-the sync `Transport` (httpx.Client) and the asyncio `AsyncTransport` (httpx.AsyncClient).
+See docs/client.md#retries-and-failover. Every rule is written once, without I/O, and driven by
+two thin shells, the sync `Transport` (httpx.Client) and the asyncio `AsyncTransport`
+(httpx.AsyncClient), the way httpx and redis-py share their request logic:
+
+- `Request`: one REST call as the client builds it (method, path, body, query, idempotent).
+- `Attempts` and `attempt_all`: which URL next, how long to wait first, what to retry, and the
+  error a failure maps to.
+- `Exchange`: a call made of requests and rules around them (a producer's hooks, a reader's
+  answer parsing), written once as a generator that yields each `Request` and gets its answer's
+  body back (or its error thrown in).
+- `steps`: an exchange and the attempts of each of its requests, as the effects a shell performs:
+  sleep this long, send this HTTP request. `Transport.run` and `AsyncTransport.run` perform them
+  and do nothing else.
 """
 
 import asyncio
 import logging
 import random
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from types import TracebackType
+from typing import Any, Self, TypeVar
 
 import httpx
 
@@ -25,6 +37,34 @@ DEFAULT_TIMEOUT_S = 10.0
 NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
 
 Params = Mapping[str, str | int | None]
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Request:
+    """One REST call: its method, path under /api/v1, JSON body and query (None values dropped).
+
+    `idempotent=False` retries it only when it never reached a broker (so it never runs twice);
+    `timeout` overrides the transport's for this call; `accept` asks for a media type other than
+    JSON (an Arrow stream), and the answer is then its bytes.
+    """
+
+    method: str
+    path: str
+    json: Any = None
+    params: Params | None = None
+    idempotent: bool = True
+    timeout: float | None = None
+    accept: str | None = None
+
+
+# A call written once for both shells: yields each Request and receives its answer's body.
+Exchange = Generator[Request, Any, T]
+# What a shell does for the rules: sleep this many seconds (and send back None), or send this HTTP
+# request (and send back its response, or the transport error it raised).
+Effect = float | httpx.Request
+Outcome = httpx.Response | httpx.TransportError | None
+Steps = Generator[Effect, Outcome, T]
 
 
 def normalize_url(url: str) -> str:
@@ -170,6 +210,92 @@ def client_headers(api_key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {api_key}", "User-Agent": "ferry-client/0.1"}
 
 
+def attempt_all(
+    request: Request,
+    build: Callable[..., httpx.Request],
+    policy: RetryPolicy,
+    endpoints: Endpoints,
+    default_timeout: float,
+) -> Steps[Any]:
+    """Every attempt of one request, until an answer, a refusal or giving up (no I/O here).
+
+    `build` is the httpx client's build_request, so the request carries the client's headers.
+    """
+    attempts = Attempts(
+        policy, endpoints, f"{request.method} {request.path}", idempotent=request.idempotent
+    )
+    query = {k: v for k, v in (request.params or {}).items() if v is not None}
+    headers = {"Accept": request.accept} if request.accept else None
+    for url, delay in attempts:
+        if delay:
+            yield delay
+        outcome = yield build(
+            request.method,
+            url + API_PREFIX + request.path,
+            json=request.json,
+            params=query,
+            headers=headers,
+            timeout=request.timeout or default_timeout,
+        )
+        if isinstance(outcome, httpx.Response):
+            done, body = attempts.answered(url, outcome, raw=request.accept is not None)
+            if done:
+                return body
+        elif outcome is not None:
+            attempts.failed(url, outcome)
+    raise attempts.give_up()
+
+
+def steps(
+    exchange: Exchange[T],
+    build: Callable[..., httpx.Request],
+    policy: RetryPolicy,
+    endpoints: Endpoints,
+    default_timeout: float,
+) -> Steps[T]:
+    """The effects an exchange needs: each request's attempts in turn (no I/O here).
+
+    A request's answer goes back into the exchange; its FerryError or BrokerUnavailable is
+    thrown into it, where the exchange may handle it or let it out.
+    """
+    body: Any = None
+    error: Exception | None = None
+    while True:
+        try:
+            request = exchange.send(body) if error is None else exchange.throw(error)
+        except StopIteration as done:
+            result: T = done.value
+            return result
+        body, error = None, None
+        try:
+            body = yield from attempt_all(request, build, policy, endpoints, default_timeout)
+        except Exception as exc:
+            error = exc
+
+
+def single(request: Request) -> Exchange[Any]:
+    """The exchange of one request: its answer's body."""
+    return (yield request)
+
+
+class Closing:
+    """`with` closes it: for the blocking clients (producer, admin, reader)."""
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
 class Transport:
     """Blocking REST calls with failover and retries (httpx.Client; safe across threads)."""
 
@@ -206,28 +332,32 @@ class Transport:
 
         With `accept` (a media type other than JSON), the answer's bytes instead.
         """
-        attempts = Attempts(self.policy, self.endpoints, f"{method} {path}", idempotent=idempotent)
-        query = {k: v for k, v in (params or {}).items() if v is not None}
-        headers = {"Accept": accept} if accept else None
-        for url, delay in attempts:
-            if delay:
-                self._sleep(delay)
-            try:
-                response = self._client.request(
-                    method,
-                    url + API_PREFIX + path,
-                    json=json,
-                    params=query,
-                    headers=headers,
-                    timeout=timeout or self.timeout,
-                )
-            except httpx.TransportError as exc:
-                attempts.failed(url, exc)
-                continue
-            done, body = attempts.answered(url, response, raw=accept is not None)
-            if done:
-                return body
-        raise attempts.give_up()
+        return self.send(Request(method, path, json, params, idempotent, timeout, accept))
+
+    def send(self, request: Request) -> Any:
+        """The answer's body of one Request (or its error)."""
+        return self.run(single(request))
+
+    def run(self, exchange: Exchange[T]) -> T:
+        """Run an Exchange: the shell that sleeps and sends what its steps ask for."""
+        todo = steps(
+            exchange, self._client.build_request, self.policy, self.endpoints, self.timeout
+        )
+        outcome: Outcome = None
+        try:
+            while True:
+                effect = todo.send(outcome)
+                if isinstance(effect, httpx.Request):
+                    try:
+                        outcome = self._client.send(effect)
+                    except httpx.TransportError as exc:
+                        outcome = exc
+                else:
+                    self._sleep(effect)
+                    outcome = None
+        except StopIteration as done:
+            result: T = done.value
+            return result
 
     def close(self) -> None:
         self._client.close()
@@ -261,28 +391,65 @@ class AsyncTransport:
         params: Params | None = None,
         idempotent: bool = True,
         timeout: float | None = None,
+        accept: str | None = None,
     ) -> Any:
-        """The answer's JSON body (None for 204), or a FerryError / BrokerUnavailable."""
-        attempts = Attempts(self.policy, self.endpoints, f"{method} {path}", idempotent=idempotent)
-        query = {k: v for k, v in (params or {}).items() if v is not None}
-        for url, delay in attempts:
-            if delay:
-                await asyncio.sleep(delay)
-            try:
-                response = await self._client.request(
-                    method,
-                    url + API_PREFIX + path,
-                    json=json,
-                    params=query,
-                    timeout=timeout or self.timeout,
-                )
-            except httpx.TransportError as exc:
-                attempts.failed(url, exc)
-                continue
-            done, body = attempts.answered(url, response)
-            if done:
-                return body
-        raise attempts.give_up()
+        """The answer's JSON body (None for 204), or a FerryError / BrokerUnavailable.
+
+        With `accept` (a media type other than JSON), the answer's bytes instead.
+        """
+        return await self.send(Request(method, path, json, params, idempotent, timeout, accept))
+
+    async def send(self, request: Request) -> Any:
+        """The answer's body of one Request (or its error)."""
+        return await self.run(single(request))
+
+    async def run(self, exchange: Exchange[T]) -> T:
+        """Run an Exchange: the shell that sleeps and sends what its steps ask for."""
+        todo = steps(
+            exchange, self._client.build_request, self.policy, self.endpoints, self.timeout
+        )
+        outcome: Outcome = None
+        try:
+            while True:
+                effect = todo.send(outcome)
+                if isinstance(effect, httpx.Request):
+                    try:
+                        outcome = await self._client.send(effect)
+                    except httpx.TransportError as exc:
+                        outcome = exc
+                else:
+                    await asyncio.sleep(effect)
+                    outcome = None
+        except StopIteration as done:
+            result: T = done.value
+            return result
 
     async def aclose(self) -> None:
         await self._client.aclose()
+
+
+class Client(Closing):
+    """A blocking REST client (Admin, Reader): one Transport, retrying `retries` times.
+
+    `urls` is one broker URL or several (a list, or comma-separated) for failover.
+    """
+
+    def __init__(
+        self,
+        urls: str | Sequence[str],
+        api_key: str,
+        *,
+        timeout: float = DEFAULT_TIMEOUT_S,
+        retries: int = 3,
+        http_transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self._rest = Transport(
+            urls,
+            api_key,
+            timeout=timeout,
+            policy=RetryPolicy(retries=retries),
+            http_transport=http_transport,
+        )
+
+    def close(self) -> None:
+        self._rest.close()

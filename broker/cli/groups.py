@@ -7,9 +7,9 @@ import orjson
 from django.core.management.base import BaseCommand, CommandError
 
 from broker.cli import audit, table
-from broker.core import groups, keys, membership, records
+from broker.core import groups, keys, records
 
-# The options of `configure`, by their keyword in membership.configure_group.
+# The options of `configure`, by their keyword in groups.configure_group.
 SETTINGS = (
     "strategy",
     "session_timeout_ms",
@@ -211,7 +211,7 @@ def handle_configure(command: BaseCommand, options: dict[str, Any]) -> None:
         "group.configure",
         options["group"],
         given,
-        lambda: membership.configure_group(keys.CONSOLE, options["group"], **given),
+        lambda: groups.configure_group(keys.CONSOLE, options["group"], **given),
     )
     command.stdout.write(settings(info))
 

@@ -10,7 +10,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from broker.cli import audit, table
 from broker.cli import groups as group_noun
-from broker.core import keys, records, topics, trace
+from broker.core import keys, log, membership, records, topics, trace
 
 # The options create and alter share, by their keyword in topics.create_topic/alter_topic.
 LIMITS = (
@@ -172,7 +172,7 @@ def handle_alter(command: BaseCommand, options: dict[str, Any]) -> None:
         "topic.alter",
         options["name"],
         changes,
-        lambda: topics.alter_topic(keys.CONSOLE, options["name"], **changes),
+        lambda: membership.alter_topic(keys.CONSOLE, options["name"], **changes),
     )
     command.stdout.write(f"altered topic {info.name}\n\n{describe(info)}")
 
@@ -190,7 +190,7 @@ def handle_purge(command: BaseCommand, options: dict[str, Any]) -> None:
         "topic.purge",
         name,
         {"up_to": {str(p): o for p, o in up_to.items()} if up_to else None},
-        lambda: topics.purge_topic(keys.CONSOLE, name, up_to),
+        lambda: log.purge_topic(keys.CONSOLE, name, up_to),
         lambda r: {"removed": r.removed},
     )
     command.stdout.write(f"purged {result.removed} message(s) from {name}")

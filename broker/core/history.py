@@ -13,7 +13,7 @@ from django.db.models import F, Max, Q, Sum
 
 from broker import models
 from broker import settings as ferry_settings
-from broker.core import errors, groups, keys, log
+from broker.core import errors, keys, log, membership
 from broker.core.records import GroupPoint, LagEstimate, Principal, Rates, TopicPoint
 
 SECOND_MS = 1000
@@ -271,7 +271,7 @@ def group_series(
 
 
 def _group_id(group_name: str) -> int:
-    groups.validate_group_name(group_name)
+    membership.validate_group_name(group_name)
     group_id = (
         models.ConsumerGroup.objects.filter(name=group_name).values_list("id", flat=True).first()
     )

@@ -14,7 +14,7 @@ from django.db import DatabaseError, transaction
 
 from broker import models
 from broker import settings as ferry_settings
-from broker.core import delivery, errors, keys, log, retries
+from broker.core import errors, inflight, keys, log, retries
 from broker.core.records import Principal, RedriveJobInfo
 
 logger = logging.getLogger(__name__)
@@ -157,7 +157,7 @@ def _run_chunk(job_id: int) -> int:
             )
         return 0
     for topic_id in topic_ids:
-        delivery.wake(topic_id)
+        inflight.wake(topic_id)
     return handled
 
 

@@ -1,7 +1,7 @@
 """Retries and dead letters: backoff, moving to the dead-letter queue, browse, redrive, purge.
 
 See docs/semantics.md#retries-and-dead-letters. Functions that change InFlight rows expect the
-caller to hold the group offset locks of their partitions (delivery.locked_offsets), the lock
+caller to hold the group offset locks of their partitions (inflight.locked_offsets), the lock
 that keeps the committed offset the lowest unsettled one.
 """
 
@@ -12,7 +12,7 @@ from django.db import transaction
 from django.db.models import QuerySet
 
 from broker import models
-from broker.core import delivery, errors, groups, keys, log, trace
+from broker.core import errors, inflight, keys, log, membership, trace
 from broker.core.records import (
     DeadLetterInfo,
     DeadLetterPage,
@@ -118,7 +118,7 @@ def dead_letter_rows(
     for row in rows:
         by_partition.setdefault(row.partition_id, []).append(row.offset)
     numbers = {row.partition_id: row.partition.number for row in rows}
-    found = {pid: delivery.read_at(pid, numbers[pid], offs) for pid, offs in by_partition.items()}
+    found = {pid: inflight.read_at(pid, numbers[pid], offs) for pid, offs in by_partition.items()}
     letters, events = [], []
     for row in rows:
         message = found[row.partition_id].get(row.offset)
@@ -192,7 +192,7 @@ def _letter(
 def _letters(
     principal: Principal, group_name: str, topic_name: str | None, reason: str | None
 ) -> QuerySet[models.DeadLetter]:
-    groups.validate_group_name(group_name)
+    membership.validate_group_name(group_name)
     if topic_name is not None:
         keys.require(principal, topic_name, "consume")
     if reason is not None and reason not in REASONS:
@@ -311,7 +311,7 @@ def redrive_dead_letters(
         )
         result, topic_ids = redrive_in_transaction(principal, letters, now)
     for topic_id in topic_ids:
-        delivery.wake(topic_id)
+        inflight.wake(topic_id)
     return result
 
 
@@ -321,7 +321,7 @@ def redrive_in_transaction(
     """Redrive these letters of one group (select_related group); caller holds the transaction.
 
     Takes the group offset locks. Returns the result and the topics whose waiting consumers to
-    wake (delivery.wake) after commit.
+    wake (inflight.wake) after commit.
     """
     if not letters:
         return RedriveResult(redriven=0), set()
@@ -337,9 +337,9 @@ def redrive_in_transaction(
         for letter in letters
         if (letter.topic_id, letter.partition_number) in partitions
     }
-    offsets = delivery.locked_offsets(keys_)
+    offsets = inflight.locked_offsets(keys_)
     redriven, missing, rows, events, done = 0, [], [], [], []
-    token = delivery.new_token()
+    token = inflight.new_token()
     for letter in letters:
         p = partitions.get((letter.topic_id, letter.partition_number))
         position = offsets.get((group.id, p.id, letter.subscriber)) if p else None
@@ -381,7 +381,7 @@ def redrive_in_transaction(
     models.InFlight.objects.bulk_create(rows, ignore_conflicts=True)
     models.DeadLetter.objects.filter(id__in=done).delete()
     trace.record(events)
-    delivery.recompute_committed(offsets)
+    inflight.recompute_committed(offsets)
     done_ids = set(done)
     woken = {letter.topic_id for letter in letters if letter.id in done_ids}
     return RedriveResult(redriven=redriven, missing=tuple(missing)), woken

@@ -1,13 +1,19 @@
-"""Topics: create, describe, list, alter (grow partitions, limits), delete (architecture.md)."""
+"""Topics: create, describe, list, alter (grow partitions, limits), delete (architecture.md).
+
+The topic definitions and settings only, a layer below the log: purging a topic's messages is
+log.purge_topic, and altering one is membership.alter_topic (grown partitions are handed out
+to the groups on the topic in the same transaction), over check_alter and alter_in_transaction.
+"""
 
 import re
+from typing import NamedTuple
 
 from django.db import IntegrityError, transaction
 
 from broker import models
 from broker import settings as ferry_settings
-from broker.core import errors, keys, log, membership
-from broker.core.records import PartitionInfo, Principal, PurgeTopicResult, TopicInfo
+from broker.core import errors, keys
+from broker.core.records import PartitionInfo, Principal, TopicInfo
 
 NAME_RE = re.compile(r"[A-Za-z0-9._-]{1,200}")
 OVERFLOW_POLICIES = tuple(models.Topic.Overflow.values)
@@ -155,7 +161,15 @@ def list_topics(principal: Principal) -> list[TopicInfo]:
     return [to_info(t, by_topic[t.id]) for t in topics]
 
 
-def alter_topic(
+class TopicChange(NamedTuple):
+    """A checked alter_topic: the topic's name, the fields to set, and a partition count."""
+
+    name: str
+    fields: dict[str, object]
+    partitions: int | None
+
+
+def check_alter(
     principal: Principal,
     name: str,
     *,
@@ -167,8 +181,12 @@ def alter_topic(
     overflow_policy: str | None = None,
     message_ttl_ms: object = _UNSET,
     trace: bool | None = None,
-) -> TopicInfo:
-    """Change a topic's limits or grow its partitions; a field left out keeps its value."""
+) -> TopicChange:
+    """Everything alter_topic checks before its transaction; a field left out keeps its value.
+
+    membership.alter_topic owns the whole change: growing partitions rebalances the groups on
+    the topic in the same transaction, which is membership's, a layer up.
+    """
     validate_name(name)
     keys.require(principal, name, "admin")
     nullable = {
@@ -188,44 +206,48 @@ def alter_topic(
     )
     if partitions is not None:
         _validate_partition_count(partitions)
-    with transaction.atomic(durable=True):
-        # Topic lock: serializes partition growth with appends that read partition_count.
-        topic = models.Topic.objects.select_for_update().filter(name=name).first()
-        if topic is None:
-            raise errors.TopicNotFound(name=name)
-        changed = list(given)
-        grown = False
-        for field, value in given.items():
-            setattr(topic, field, value)
-        if max_message_bytes is not None:
-            topic.max_message_bytes = max_message_bytes
-            changed.append("max_message_bytes")
-        if overflow_policy is not None:
-            topic.overflow_policy = overflow_policy
-            changed.append("overflow_policy")
-        if trace is not None:
-            topic.trace = trace
-            changed.append("trace")
-        if partitions is not None and partitions != topic.partition_count:
-            if partitions < topic.partition_count:
-                raise errors.InvalidPartitionCount(
-                    "Partitions can grow but never shrink.",
-                    partitions=partitions,
-                    current=topic.partition_count,
-                )
-            models.Partition.objects.bulk_create(
-                models.Partition(topic=topic, number=n)
-                for n in range(topic.partition_count, partitions)
+    for field, value in (
+        ("max_message_bytes", max_message_bytes),
+        ("overflow_policy", overflow_policy),
+        ("trace", trace),
+    ):
+        if value is not None:
+            given[field] = value
+    return TopicChange(name, given, partitions)
+
+
+def alter_in_transaction(change: TopicChange) -> tuple[models.Topic, bool]:
+    """Apply a checked change under the topic lock; the topic, and whether its partitions grew.
+
+    Caller holds the write transaction and, when they grew, rebalances the topic's groups
+    (membership.alter_topic).
+    """
+    # Topic lock: serializes partition growth with appends that read partition_count.
+    topic = models.Topic.objects.select_for_update().filter(name=change.name).first()
+    if topic is None:
+        raise errors.TopicNotFound(name=change.name)
+    changed = list(change.fields)
+    for field, value in change.fields.items():
+        setattr(topic, field, value)
+    partitions = change.partitions
+    grown = False
+    if partitions is not None and partitions != topic.partition_count:
+        if partitions < topic.partition_count:
+            raise errors.InvalidPartitionCount(
+                "Partitions can grow but never shrink.",
+                partitions=partitions,
+                current=topic.partition_count,
             )
-            topic.partition_count = partitions
-            changed.append("partition_count")
-            grown = True
-        if changed:
-            topic.save(update_fields=changed)
-        if grown:
-            # Lock order topic -> group: the groups on this topic hand out the new partitions.
-            membership.rebalance_topic(topic)
-    return to_info(topic, list(topic.partitions.order_by("number")))
+        models.Partition.objects.bulk_create(
+            models.Partition(topic=topic, number=n)
+            for n in range(topic.partition_count, partitions)
+        )
+        topic.partition_count = partitions
+        changed.append("partition_count")
+        grown = True
+    if changed:
+        topic.save(update_fields=changed)
+    return topic, grown
 
 
 def delete_topic(principal: Principal, name: str) -> None:
@@ -236,59 +258,3 @@ def delete_topic(principal: Principal, name: str) -> None:
         deleted, _ = models.Topic.objects.filter(name=name).delete()
     if not deleted:
         raise errors.TopicNotFound(name=name)
-
-
-def purge_topic(
-    principal: Principal, name: str, up_to: dict[int, int] | None = None
-) -> PurgeTopicResult:
-    """Remove a topic's messages, all or those below up_to's offset per partition.
-
-    Advances start offsets exactly as retention does (offsets are never reused, appends go on
-    at the end offset); a group behind the new start offset reads from it (DESIGN.md: Retention).
-    Delayed messages not yet due are not in the log and stay scheduled.
-    """
-    validate_name(name)
-    keys.require(principal, name, "admin")
-    for number, offset in (up_to or {}).items():
-        if number < 0 or offset < 0:
-            raise errors.InvalidRequest(
-                "up_to maps partition numbers to offsets, both at least 0.",
-                partition=number,
-                offset=offset,
-            )
-    with transaction.atomic(durable=True):
-        topic = models.Topic.objects.filter(name=name).first()
-        if topic is None:
-            raise errors.TopicNotFound(name=name)
-        # Partition locks, in number order like appends: serialize start offset moves with
-        # appends, retention and drop_oldest; next_offset is untouched, so offsets stay gapless.
-        rows = list(
-            models.Partition.objects.select_for_update(no_key=True)
-            .filter(topic=topic)
-            .order_by("number")
-        )
-        by_number = {p.number: p for p in rows}
-        targets: dict[int, int] = {}
-        if up_to is None:
-            targets = {p.number: p.next_offset for p in rows}
-        else:
-            for number, offset in sorted(up_to.items()):
-                p = by_number.get(number)
-                if p is None:
-                    raise errors.PartitionNotFound(topic=name, partition=number)
-                if offset > p.next_offset:
-                    raise errors.OffsetOutOfRange(
-                        f"Offset {offset} is past the end of partition {number} ({p.next_offset}).",
-                        partition=number,
-                        offset=offset,
-                        end_offset=p.next_offset,
-                    )
-                targets[number] = offset
-        removed = 0
-        for number, new_start in targets.items():
-            p = by_number[number]
-            count = log.truncate(p, new_start)
-            if count:
-                p.save(update_fields=["start_offset", "bytes_stored"])
-                removed += count
-    return PurgeTopicResult(removed=removed, partitions=tuple(partition_info(p) for p in rows))

@@ -2,18 +2,28 @@
 
 Retry, dead-letter and redrive events are always recorded; produced, delivered, acked, nacked
 and rejected only on topics with trace on, so a high-volume topic stays lean.
+
+A layer below the log: appends, deliveries, settlements and dead letters record their events
+here, in the transaction that caused them. An event's time is the caller's at_ms, or the clock
+read the way log.now_ms reads it (milliseconds since 1970).
 """
 
+import time
 from datetime import timedelta
 from typing import Any
 
 from broker import models
 from broker import settings as ferry_settings
-from broker.core import errors, log, topics
+from broker.core import errors, topics
 from broker.core.records import Principal, TraceInfo
 
 # Events recorded only on topics with trace on.
 PER_DELIVERY = frozenset({"produced", "delivered", "acked", "nacked", "rejected"})
+
+
+def _now_ms() -> int:
+    """The log's clock (log.now_ms), read here a layer below it."""
+    return time.time_ns() // 1_000_000
 
 
 def event(
@@ -33,7 +43,7 @@ def event(
         topic_id=topic_id,
         partition_number=partition,
         offset=offset,
-        at_ms=at_ms if at_ms is not None else log.now_ms(),
+        at_ms=at_ms if at_ms is not None else _now_ms(),
         event=name,
         group=group,
         member_id=member_id,
@@ -74,6 +84,6 @@ def get_trace(
 def purge_trace() -> int:
     """Delete trace events older than FERRY_TRACE_RETENTION_SECONDS; returns how many."""
     keep = timedelta(seconds=ferry_settings.get("TRACE_RETENTION_SECONDS"))
-    cutoff = log.now_ms() - int(keep.total_seconds() * 1000)
+    cutoff = _now_ms() - int(keep.total_seconds() * 1000)
     count, _ = models.TraceEvent.objects.filter(at_ms__lt=cutoff).delete()
     return count

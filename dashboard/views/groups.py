@@ -5,7 +5,7 @@ from typing import Any
 from django.http import HttpRequest, HttpResponse, JsonResponse, QueryDict
 from django.shortcuts import redirect
 
-from broker.core import assignment, console, errors, groups, history, log, membership
+from broker.core import assignment, console, errors, groups, history, log
 from dashboard import access, pages
 
 CHART_WINDOW_MS = 60 * 60 * 1000
@@ -183,7 +183,7 @@ def group_configure(request: HttpRequest, name: str) -> HttpResponse:
         "group.configure",
         name,
         params,
-        lambda: membership.configure_group(access.principal(request), name, **params),
+        lambda: groups.configure_group(access.principal(request), name, **params),
         lambda g: f"Saved the settings of {g.name}.",
     )
     return redirect("dashboard:group", name=name)

@@ -8,7 +8,7 @@ from django.shortcuts import redirect
 from django.urls import reverse
 
 from broker import settings as ferry_settings
-from broker.core import console, errors, groups, history, log, topics
+from broker.core import console, errors, groups, history, log, membership, topics
 from dashboard import access, pages
 
 SORTS = {
@@ -169,7 +169,7 @@ def topic_alter(request: HttpRequest, name: str) -> HttpResponse:
         "topic.alter",
         name,
         params,
-        lambda: topics.alter_topic(access.principal(request), name, **params),
+        lambda: membership.alter_topic(access.principal(request), name, **params),
         lambda t: f"Saved the settings of {t.name}.",
     )
     return redirect("dashboard:topic", name=name)
@@ -188,7 +188,7 @@ def topic_purge(request: HttpRequest, name: str) -> HttpResponse:
         "topic.purge",
         name,
         {"up_to": {str(k): v for k, v in up_to.items()} if up_to else None},
-        lambda: topics.purge_topic(access.principal(request), name, up_to),
+        lambda: log.purge_topic(access.principal(request), name, up_to),
         lambda r: f"Purged {r.removed:,} messages from {name}.",
         lambda r: {"removed": r.removed},
     )

@@ -36,7 +36,7 @@ def busy(topic_factory):
     log.append_messages(CONSOLE, "orders", [NewMessage(b"1", partition=0) for _ in range(5)])
     log.append_messages(CONSOLE, "orders", [NewMessage(b"1", partition=1)])
     groups.commit_offsets(CONSOLE, "g", "orders", {0: 2})
-    membership.configure_group(CONSOLE, "d", retry_delays_ms=[60_000])
+    groups.configure_group(CONSOLE, "d", retry_delays_ms=[60_000])
     membership.join_group(CONSOLE, "d", "orders", "m")
     got = delivery.deliver_messages(CONSOLE, "d", "orders", "m", 3).deliveries
     delivery.nack_messages(CONSOLE, "d", [got[0].receipt])

@@ -5,7 +5,7 @@ import pytest
 from django.core.management.base import CommandError
 
 from broker import models
-from broker.core import delivery, keys, log, membership, records, retries
+from broker.core import delivery, groups, keys, log, membership, records, retries
 
 
 @pytest.fixture
@@ -167,7 +167,7 @@ def test_handle_purge__id_with_all(ferry, dead_letters):
 def test_handle_list__broadcast_member_column(ferry, topic_factory):
     topic_factory("news")
     log.append_messages(keys.CONSOLE, "news", [records.NewMessage(b"1")])
-    membership.configure_group(keys.CONSOLE, "feed", mode="broadcast")
+    groups.configure_group(keys.CONSOLE, "feed", mode="broadcast")
     for member in ("a", "b"):
         membership.join_group(keys.CONSOLE, "feed", "news", member)
         [d] = delivery.deliver_messages(keys.CONSOLE, "feed", "news", member, 10).deliveries

@@ -114,7 +114,7 @@ def test_handle_describe__in_flight_and_dead_letters(ferry, billing_on_orders):
 def test_handle_describe__broadcast_rows_per_member(ferry, topic_factory):
     topic_factory("news")
     log.append_messages(keys.CONSOLE, "news", [records.NewMessage(b"1")])
-    membership.configure_group(keys.CONSOLE, "feed", mode="broadcast")
+    groups.configure_group(keys.CONSOLE, "feed", mode="broadcast")
     for member in ("a", "b"):
         membership.join_group(keys.CONSOLE, "feed", "news", member)
         delivery.deliver_messages(keys.CONSOLE, "feed", "news", member, 10)

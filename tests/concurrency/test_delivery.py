@@ -132,7 +132,7 @@ def run_with_sampler(target, count, sample):
 
 def test_deliver_messages__clustering_delivers_each_message_once(topic_factory):
     topic = topic_factory(partitions=4)
-    membership.configure_group(CONSOLE, "g", ack_deadline_ms=LONG_DEADLINE_MS)
+    groups.configure_group(CONSOLE, "g", ack_deadline_ms=LONG_DEADLINE_MS)
     produce(topic.name, 160, 4)
     procs = start_workers(
         *[("member", topic.name, "g", f"proc-{n}", "10", "batch=4", "pause_ms=10") for n in (1, 2)]
@@ -195,7 +195,7 @@ def test_deliver_messages__clustering_delivers_each_message_once(topic_factory):
 
 def test_ack_messages__concurrent_out_of_order_acks(topic_factory):
     topic = topic_factory(partitions=2)
-    membership.configure_group(CONSOLE, "g", ack_deadline_ms=LONG_DEADLINE_MS)
+    groups.configure_group(CONSOLE, "g", ack_deadline_ms=LONG_DEADLINE_MS)
     produce(topic.name, 400, 2)
     membership.join_group(CONSOLE, "g", topic.name, "m")
     delivered: list[Delivery] = []
@@ -263,7 +263,7 @@ def test_ack_messages__concurrent_out_of_order_acks(topic_factory):
 
 def test_deliver_messages__ordered_one_in_flight_per_partition(topic_factory):
     topic = topic_factory(partitions=3)
-    membership.configure_group(CONSOLE, "g", ordered=True, ack_deadline_ms=LONG_DEADLINE_MS)
+    groups.configure_group(CONSOLE, "g", ordered=True, ack_deadline_ms=LONG_DEADLINE_MS)
     produce(topic.name, 45, 3)
     procs = start_workers(
         *[("member", topic.name, "g", f"proc-{n}", "15", "pause_ms=5") for n in (1, 2)]
@@ -318,9 +318,7 @@ def test_deliver_messages__ordered_one_in_flight_per_partition(topic_factory):
 
 def test_redeliver_expired__races_acks_and_nacks(topic_factory):
     topic = topic_factory(partitions=3)
-    membership.configure_group(
-        CONSOLE, "g", ack_deadline_ms=1000, max_attempts=3, retry_delays_ms=[0]
-    )
+    groups.configure_group(CONSOLE, "g", ack_deadline_ms=1000, max_attempts=3, retry_delays_ms=[0])
     produce(topic.name, 45, 3)
     procs = start_workers(("sweep", "2"))
     deliveries: dict[tuple[int, int], list[tuple[int, str]]] = defaultdict(list)
@@ -435,7 +433,7 @@ def test_redeliver_expired__races_acks_and_nacks(topic_factory):
 
 def test_deliver_messages__broadcast_every_member_gets_everything_once(topic_factory):
     topic = topic_factory(partitions=3)
-    membership.configure_group(CONSOLE, "g", mode="broadcast", ack_deadline_ms=LONG_DEADLINE_MS)
+    groups.configure_group(CONSOLE, "g", mode="broadcast", ack_deadline_ms=LONG_DEADLINE_MS)
     produce(topic.name, 30, 3)
     procs = start_workers(
         *[
@@ -466,7 +464,7 @@ def test_deliver_messages__broadcast_every_member_gets_everything_once(topic_fac
 def test_ack_messages__broadcast_members_ack_the_same_offsets(topic_factory):
     """Two members hold the same offsets in flight at once; each ack settles only its own."""
     topic = topic_factory().name
-    membership.configure_group(CONSOLE, "g", mode="broadcast")
+    groups.configure_group(CONSOLE, "g", mode="broadcast")
     for member_id in ("a", "b"):
         membership.join_group(CONSOLE, "g", topic, member_id)
     produce(topic, 5, 1)

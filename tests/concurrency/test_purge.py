@@ -7,7 +7,7 @@ import orjson
 import pytest
 
 from broker import models
-from broker.core import errors, groups, keys, log, membership, topics
+from broker.core import errors, groups, keys, log, membership
 from broker.core.records import NewMessage
 from tests.concurrency.test_offsets import run_threads
 
@@ -26,7 +26,7 @@ def test_purge_topic__under_producers_keeps_offsets_gapless(topic_factory):
     def work(n: int) -> None:
         if n == PRODUCERS:
             for _ in range(5):
-                removed.append(topics.purge_topic(keys.CONSOLE, topic).removed)
+                removed.append(log.purge_topic(keys.CONSOLE, topic).removed)
             return
         for i in range(BATCHES):
             results = log.append_messages(

@@ -70,7 +70,7 @@ def test_nack_messages__retry_then_dead_letter(topic_factory, console):
     topic = topic_factory().name
     produce(console, topic, 1)
     joined(console, topic)
-    membership.configure_group(console, "g", max_attempts=3, retry_delays_ms=[0])
+    groups.configure_group(console, "g", max_attempts=3, retry_delays_ms=[0])
     attempts = []
     for _ in range(3):
         (d,) = deliver(console, topic)
@@ -119,7 +119,7 @@ def test_redeliver_expired__after_deadline(topic_factory, console):
     topic = topic_factory().name
     produce(console, topic, 1)
     joined(console, topic)
-    membership.configure_group(console, "g", retry_delays_ms=[0])
+    groups.configure_group(console, "g", retry_delays_ms=[0])
     (d,) = deliver(console, topic)
     models.InFlight.objects.update(deadline_ms=log.now_ms() - 1)
     assert delivery.redeliver_expired() == 1
@@ -142,7 +142,7 @@ def test_deliver_messages__ordered_one_in_flight(topic_factory, console):
     produce(console, topic, 3, partition=0)
     produce(console, topic, 3, partition=1)
     joined(console, topic)
-    membership.configure_group(console, "g", ordered=True, retry_delays_ms=[0])
+    groups.configure_group(console, "g", ordered=True, retry_delays_ms=[0])
     got = deliver(console, topic)
     assert sorted((d.message.partition, d.message.offset) for d in got) == [(0, 0), (1, 0)]
     assert deliver(console, topic) == ()
@@ -154,7 +154,7 @@ def test_deliver_messages__ordered_one_in_flight(topic_factory, console):
 
 def test_deliver_messages__broadcast(topic_factory, console):
     topic = topic_factory(partitions=2).name
-    membership.configure_group(console, "g", mode="broadcast")
+    groups.configure_group(console, "g", mode="broadcast")
     joined(console, topic, "a")
     joined(console, topic, "b")
     produce(console, topic, 2, partition=0)
@@ -216,7 +216,7 @@ def test_get_trace__lifecycle(topic_factory, console):
     topic = topic_factory(trace=True).name
     produce(console, topic, 1)
     joined(console, topic)
-    membership.configure_group(console, "g", retry_delays_ms=[0])
+    groups.configure_group(console, "g", retry_delays_ms=[0])
     (d,) = deliver(console, topic)
     delivery.nack_messages(console, "g", [d.receipt], error="boom")
     (d,) = deliver(console, topic)
@@ -317,7 +317,7 @@ def test_redeliver_expired__splits_runs(topic_factory, console):
     topic = topic_factory().name
     produce(console, topic, 3)
     joined(console, topic)
-    membership.configure_group(console, "g", retry_delays_ms=[0])
+    groups.configure_group(console, "g", retry_delays_ms=[0])
     deliver(console, topic)
     models.InFlight.objects.update(deadline_ms=log.now_ms() - 1)
     assert delivery.redeliver_expired() == 3

@@ -3,7 +3,7 @@
 import pytest
 
 from broker import models
-from broker.core import errors, groups, history, log, membership
+from broker.core import errors, groups, history, log
 from broker.core.records import NewMessage
 
 
@@ -41,7 +41,7 @@ def test_sample_metrics__topics_and_groups(topic_factory, console):
 def test_sample_metrics__broadcast_sums_members(topic_factory, console):
     topic = topic_factory()
     produce(console, topic.name, 4)
-    membership.configure_group(console, "b", mode="broadcast")
+    groups.configure_group(console, "b", mode="broadcast")
     group = models.ConsumerGroup.objects.get(name="b")
     partition = models.Partition.objects.get(topic_id=topic.id)
     models.GroupOffset.objects.create(

@@ -2,7 +2,7 @@ import orjson
 import pytest
 
 from broker import models
-from broker.core import errors, keys, log, topics
+from broker.core import errors, keys, log, membership, topics
 from broker.core.records import NewMessage
 
 
@@ -146,7 +146,7 @@ def test_append_messages__event_on_commit_only(
     with django_capture_on_commit_callbacks() as callbacks:
         log.append_messages(console, topic.name, [msg(1)])
     assert len(callbacks) == 1
-    topics.alter_topic(console, topic.name, capacity=1)
+    membership.alter_topic(console, topic.name, capacity=1)
     with django_capture_on_commit_callbacks() as callbacks, pytest.raises(errors.TopicFull):
         log.append_messages(console, topic.name, [msg(2)])
     assert callbacks == []

@@ -2,7 +2,7 @@ import orjson
 import pytest
 
 from broker import models
-from broker.core import delivery, errors, groups, log, membership, topics
+from broker.core import delivery, errors, groups, log, membership
 from broker.core.records import NewMessage
 
 
@@ -80,7 +80,7 @@ def test_alter_topic__growth_rebalances(topic_factory, console):
     topic = topic_factory(partitions=2)
     membership.join_group(console, "g", topic.name, "a")
     membership.join_group(console, "g", topic.name, "b")
-    topics.alter_topic(console, topic.name, partitions=4)
+    membership.alter_topic(console, topic.name, partitions=4)
     members = groups.describe_group(console, "g").members
     assert sorted(p for m in members for p in m.partitions) == [0, 1, 2, 3]
     assert [len(m.partitions) for m in members] == [2, 2]
@@ -142,7 +142,7 @@ def test_configure_group__strategy_rebalances_and_timeout(topic_factory, console
     topic = topic_factory(partitions=4)
     membership.join_group(console, "g", topic.name, "a")
     membership.join_group(console, "g", topic.name, "b")
-    info = membership.configure_group(console, "g", strategy="range", session_timeout_ms=5000)
+    info = groups.configure_group(console, "g", strategy="range", session_timeout_ms=5000)
     assert (info.strategy, info.generation) == ("range", 3)
     assert {m.member_id: m.partitions for m in info.members} == {"a": (0, 1), "b": (2, 3)}
     models.GroupMember.objects.filter(member_id="b").update(heartbeat_ms=log.now_ms() - 6000)
@@ -152,9 +152,9 @@ def test_configure_group__strategy_rebalances_and_timeout(topic_factory, console
 def test_configure_group__checks(topic_factory, console, key_factory):
     topic_factory()
     with pytest.raises(errors.InvalidRequest):
-        membership.configure_group(console, "g", strategy="random")
+        groups.configure_group(console, "g", strategy="random")
     with pytest.raises(errors.InvalidRequest):
-        membership.configure_group(console, "g", session_timeout_ms=10)
+        groups.configure_group(console, "g", session_timeout_ms=10)
     limited, _ = key_factory("admin:orders.*")
     with pytest.raises(errors.PermissionDenied):
-        membership.configure_group(limited, "g", strategy="range")
+        groups.configure_group(limited, "g", strategy="range")

@@ -90,8 +90,8 @@ def test_append_messages__delay_validation(topic_factory, console, fields, ok):
 
 def test_due_ms__levels_are_rocketmq():
     now = 1_000_000
-    assert scheduling.due_ms(NewMessage(b"1", delay_level=1), now) == now + 1000
-    assert scheduling.due_ms(NewMessage(b"1", delay_level=18), now) == now + 7_200_000
+    assert log.due_ms(NewMessage(b"1", delay_level=1), now) == now + 1000
+    assert log.due_ms(NewMessage(b"1", delay_level=18), now) == now + 7_200_000
 
 
 def test_append_messages__delayed_id_is_idempotent(topic_factory, console):

@@ -1,7 +1,7 @@
 import pytest
 
 from broker import models
-from broker.core import errors, groups, keys, log, topics
+from broker.core import errors, groups, keys, log, membership, topics
 from broker.core.records import NewMessage
 
 
@@ -52,19 +52,21 @@ def test_create_topic__needs_admin(db, key_factory):
 
 def test_alter_topic__grow_not_shrink(topic_factory, console):
     topic = topic_factory(partitions=2)
-    grown = topics.alter_topic(console, topic.name, partitions=4)
+    grown = membership.alter_topic(console, topic.name, partitions=4)
     assert [p.number for p in grown.partitions] == [0, 1, 2, 3]
     with pytest.raises(errors.InvalidPartitionCount):
-        topics.alter_topic(console, topic.name, partitions=3)
+        membership.alter_topic(console, topic.name, partitions=3)
 
 
 def test_alter_topic__limits_and_clear(topic_factory, console):
     topic = topic_factory(capacity=10)
-    info = topics.alter_topic(console, topic.name, retention_ms=5000, overflow_policy="drop_oldest")
+    info = membership.alter_topic(
+        console, topic.name, retention_ms=5000, overflow_policy="drop_oldest"
+    )
     assert (info.retention_ms, info.capacity, info.overflow_policy) == (5000, 10, "drop_oldest")
-    assert topics.alter_topic(console, topic.name, capacity=None).capacity is None
+    assert membership.alter_topic(console, topic.name, capacity=None).capacity is None
     with pytest.raises(errors.TopicNotFound):
-        topics.alter_topic(console, "missing", partitions=2)
+        membership.alter_topic(console, "missing", partitions=2)
 
 
 def test_delete_topic__removes_everything(topic_factory, console):
@@ -108,7 +110,7 @@ def test_purge_topic__all(topic_factory, console):
     topic = topic_factory(partitions=2)
     _produce(topic.name, 3, 0)
     _produce(topic.name, 2, 1)
-    result = topics.purge_topic(console, topic.name)
+    result = log.purge_topic(console, topic.name)
     assert result.removed == 5
     assert [(p.start_offset, p.end_offset, p.bytes_stored) for p in result.partitions] == [
         (3, 3, 0),
@@ -124,21 +126,21 @@ def test_purge_topic__up_to_offsets(topic_factory, console):
     _produce(topic.name, 5, 0)
     _produce(topic.name, 2, 1)
     size = models.Message.objects.all()[0].size_bytes
-    result = topics.purge_topic(console, topic.name, {0: 3})
+    result = log.purge_topic(console, topic.name, {0: 3})
     assert result.removed == 3
     assert [(p.start_offset, p.end_offset, p.bytes_stored) for p in result.partitions] == [
         (3, 5, 2 * size),
         (0, 2, 2 * size),
     ]
     # Below the start already: nothing more goes.
-    assert topics.purge_topic(console, topic.name, {0: 1}).removed == 0
+    assert log.purge_topic(console, topic.name, {0: 1}).removed == 0
 
 
 def test_purge_topic__group_behind_reads_from_new_start(topic_factory, console):
     topic = topic_factory()
     _produce(topic.name, 4, 0)
     groups.commit_offsets(console, "g", topic.name, {0: 1})
-    topics.purge_topic(console, topic.name, {0: 3})
+    log.purge_topic(console, topic.name, {0: 3})
     lag = groups.describe_group(console, "g").topics[0].partitions[0]
     assert (lag.committed_offset, lag.lag) == (3, 1)
     polled = groups.poll_messages(console, "g", topic.name, 10, False)
@@ -157,7 +159,7 @@ def test_purge_topic__bad_input_removes_nothing(topic_factory, console, up_to, e
     topic = topic_factory()
     _produce(topic.name, 3, 0)
     with pytest.raises(error):
-        topics.purge_topic(console, topic.name, up_to)
+        log.purge_topic(console, topic.name, up_to)
     assert models.Message.objects.count() == 3
     assert models.Partition.objects.get().start_offset == 0
 
@@ -166,6 +168,6 @@ def test_purge_topic__needs_admin_and_topic(topic_factory, key_factory, console)
     topic = topic_factory()
     principal, _ = key_factory("produce:*", "consume:*")
     with pytest.raises(errors.PermissionDenied):
-        topics.purge_topic(principal, topic.name)
+        log.purge_topic(principal, topic.name)
     with pytest.raises(errors.TopicNotFound):
-        topics.purge_topic(console, "missing")
+        log.purge_topic(console, "missing")

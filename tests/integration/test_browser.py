@@ -24,7 +24,7 @@ from urllib.parse import urlencode
 import httpx
 import pytest
 
-from broker.core import keys, membership
+from broker.core import groups, keys
 from tests.integration.conftest import ROOT
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
@@ -271,7 +271,7 @@ def test_subscribe_page__reconnects_and_resubscribes(open_page, http, topic_and_
 def test_subscribe__throwing_handler_nacks_with_error_text(open_page, http, topic_and_key):
     topic, secret = topic_and_key
     # One attempt: the nack dead-letters at once, keeping the handler's error text.
-    membership.configure_group(keys.CONSOLE, "failing", max_attempts=1)
+    groups.configure_group(keys.CONSOLE, "failing", max_attempts=1)
     produce(http, topic, "poison")
     page = open_page(token=secret, topic=topic, group="web")
     page.wait_for('document.getElementById("status").textContent.startsWith("subscribed")')

@@ -8,7 +8,7 @@ from celery.signals import worker_ready
 from channels.db import database_sync_to_async
 
 from broker import background, models, tasks
-from broker.core import delivery, keys, log, membership, periodic, redrives, trace
+from broker.core import delivery, groups, keys, log, membership, periodic, redrives, trace
 from broker.core.records import NewMessage
 from mqsite.celery import app
 
@@ -68,7 +68,7 @@ def test_run_periodic_job__every_job_of_the_table_runs(name, db):
 
 def expired_delivery(topic_name):
     """A member's delivery whose ack deadline has passed; returns its receipt."""
-    membership.configure_group(keys.CONSOLE, "g", retry_delays_ms=[0])
+    groups.configure_group(keys.CONSOLE, "g", retry_delays_ms=[0])
     membership.join_group(keys.CONSOLE, "g", topic_name, "m")
     [d] = delivery.deliver_messages(keys.CONSOLE, "g", topic_name, "m", 10).deliveries
     in_flight(topic_name).update(deadline_ms=log.now_ms() - 1)
@@ -123,7 +123,7 @@ async def test_runner__redeliver_expired_wakes_a_waiting_long_poll(topic_factory
     settings.FERRY_ACK_SWEEP_INTERVAL_SECONDS = 0.02
     topic = await database_sync_to_async(topic_factory)()
     await database_sync_to_async(log.append_messages)(keys.CONSOLE, topic.name, [NewMessage(b"1")])
-    await database_sync_to_async(membership.configure_group)(
+    await database_sync_to_async(groups.configure_group)(
         keys.CONSOLE, "g", ack_deadline_ms=1000, retry_delays_ms=[0]
     )
     await database_sync_to_async(membership.join_group)(keys.CONSOLE, "g", topic.name, "m")

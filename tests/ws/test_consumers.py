@@ -6,7 +6,7 @@ import orjson
 import pytest
 from channels.testing import WebsocketCommunicator
 
-from broker.core import keys, log, membership, topics
+from broker.core import groups, keys, log, topics
 from broker.core.records import NewMessage
 from mqsite.asgi import application
 
@@ -128,7 +128,7 @@ async def test_subscribe__credit_is_never_exceeded():
 async def test_nack__redelivered_with_next_attempt():
     secret = await make_key("admin:*")
     await new_topic("t3")
-    await sync(membership.configure_group, keys.CONSOLE, "g", retry_delays_ms=[0])
+    await sync(groups.configure_group, keys.CONSOLE, "g", retry_delays_ms=[0])
     await produce("t3", ["x"])
     async with session(secret) as ws:
         await send(ws, {"type": "subscribe", "sub": "s", "topic": "t3", "group": "g"})

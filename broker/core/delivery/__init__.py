@@ -6,9 +6,10 @@ changes their InFlight rows: that lock serializes deliveries, settlements, the d
 redrives of one (group, partition, subscriber), so a message is never handed out twice while in
 flight and the committed offset is always the lowest unsettled offset.
 
-The package: inflight.py (in-flight runs, receipts, offset locks, the committed offset),
-deliver.py (deliver_messages), settle.py (ack, nack, reject, extend) and sweep.py (the deadline
-sweep). Its public names are re-exported here: callers use `delivery.<name>`.
+The package: deliver.py (deliver_messages), settle.py (ack, nack, reject, extend) and sweep.py
+(the deadline sweep), over inflight.py a layer down (in-flight runs, receipts, offset locks, the
+committed offset) and retries.py (backoff, dead letters). Its public names are re-exported
+here: callers use `delivery.<name>`.
 """
 
 from broker.core.delivery.deliver import (
@@ -16,16 +17,6 @@ from broker.core.delivery.deliver import (
     SCAN_LIMIT,
     deliver_messages,
     deliver_messages_async,
-)
-from broker.core.delivery.inflight import (
-    IN_FLIGHT_COLUMNS,
-    OffsetKey,
-    locked_offsets,
-    new_token,
-    read_at,
-    receipt,
-    recompute_committed,
-    wake,
 )
 from broker.core.delivery.settle import (
     DELETE_IN_FLIGHT,
@@ -35,31 +26,21 @@ from broker.core.delivery.settle import (
     extend_deadlines,
     nack_messages,
     reject_messages,
-    validate_ack_deadline,
 )
 from broker.core.delivery.sweep import SWEEP_BATCH, redeliver_expired
 
 __all__ = [
     "ANY_DUE",
     "DELETE_IN_FLIGHT",
-    "IN_FLIGHT_COLUMNS",
     "RECEIPT_MAX",
     "SCAN_LIMIT",
     "SELECT_NAMED",
     "SWEEP_BATCH",
-    "OffsetKey",
     "ack_messages",
     "deliver_messages",
     "deliver_messages_async",
     "extend_deadlines",
-    "locked_offsets",
     "nack_messages",
-    "new_token",
-    "read_at",
-    "receipt",
-    "recompute_committed",
     "redeliver_expired",
     "reject_messages",
-    "validate_ack_deadline",
-    "wake",
 ]

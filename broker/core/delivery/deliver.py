@@ -21,12 +21,12 @@ from broker.core import (
     events,
     filters,
     groups,
+    inflight,
     log,
     membership,
     retries,
     trace,
 )
-from broker.core.delivery import inflight
 from broker.core.records import Delivery, DeliveryResult, Principal, StoredMessage
 
 # A poll reads at most this many messages past what a selective filter skips, then answers.
@@ -71,7 +71,7 @@ def deliver_messages(
     advance the offsets and count as filtered; messages past the topic's TTL are dead-lettered.
     With auto_ack the messages are settled as they are handed out (at most once).
     """
-    groups.validate_group_name(group_name)
+    membership.validate_group_name(group_name)
     _validate_max_messages(max_messages)
     topic = groups.topic_for_consume(principal, topic_name)
     now = log.now_ms()

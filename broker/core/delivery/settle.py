@@ -12,8 +12,7 @@ from django.db.models import Q
 
 from broker import models
 from broker import settings as ferry_settings
-from broker.core import bulk, errors, groups, keys, log, membership, retries, trace
-from broker.core.delivery import inflight
+from broker.core import bulk, errors, groups, inflight, keys, log, membership, retries, trace
 from broker.core.records import Principal, SettleResult
 
 RECEIPT_MAX = 40
@@ -108,7 +107,7 @@ class _Settling:
     """The in-flight runs a settle call names, locked."""
 
     def __init__(self, principal: Principal, group_name: str, receipts: list[str]) -> None:
-        groups.validate_group_name(group_name)
+        membership.validate_group_name(group_name)
         self.receipts = _validate_receipts(receipts)
         group = membership.find_group(group_name)
         if group is None:
@@ -256,7 +255,7 @@ def extend_deadlines(
     principal: Principal, group_name: str, receipts: list[str], extend_ms: int
 ) -> SettleResult:
     """Give delivered messages more time: their deadlines become now + extend_ms."""
-    validate_ack_deadline(extend_ms, "extend_ms")
+    groups.validate_ack_deadline(extend_ms, "extend_ms")
     now = log.now_ms()
     with bulk.bookkeeping():
         settling = _Settling(principal, group_name, receipts)
@@ -273,9 +272,3 @@ def extend_deadlines(
     }
     waiting = {receipt_of[(r.partition_id, r.offset)] for r in rows if r not in live}
     return SettleResult(settled=len(live), stale=settling.stale + tuple(sorted(waiting)))
-
-
-def validate_ack_deadline(value_ms: int, name: str = "ack_deadline_ms") -> None:
-    high = ferry_settings.get("MAX_ACK_DEADLINE_MS")
-    if not 1000 <= value_ms <= high:
-        raise errors.InvalidRequest(f"{name} is 1000 to {high}.", **{name: value_ms})

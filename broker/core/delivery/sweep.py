@@ -6,8 +6,7 @@ See docs/semantics.md#acknowledgements and docs/architecture.md#background-jobs.
 from django.db.models import F, Q
 
 from broker import models
-from broker.core import bulk, events, log, retries
-from broker.core.delivery import inflight
+from broker.core import bulk, events, inflight, log, retries
 
 SWEEP_BATCH = 1000
 

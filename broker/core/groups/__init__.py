@@ -4,12 +4,19 @@ A committed offset is the next offset the group reads (Kafka's convention). A gr
 never committed on a partition starts at the partition's start offset: seed 000's "consume the
 topic from the beginning" (docs/decisions/0004-new-group-starts-at-earliest.md).
 
-The package: positions.py (group names, committed offsets: poll, commit; delete a group),
-reset.py (reset and its preview) and info.py
-(describe, list, overview: offsets, lag, members). Its public names are re-exported here:
-callers use `groups.<name>`.
+The package: positions.py (committed offsets: poll, commit; delete a group), reset.py (reset
+and its preview), info.py (describe, list, overview: offsets, lag, members) and configure.py
+(group settings: configure_group). It sits over membership (members, the group lock, leases).
+Its public names are re-exported here: callers use `groups.<name>`.
 """
 
+from broker.core.groups.configure import (
+    MAX_ATTEMPTS_RANGE,
+    MAX_RETRY_LEVELS,
+    SESSION_TIMEOUT_MS_RANGE,
+    configure_group,
+    validate_ack_deadline,
+)
 from broker.core.groups.info import (
     describe_group,
     list_group_offsets,
@@ -24,13 +31,16 @@ from broker.core.groups.positions import (
     poll_messages,
     poll_messages_async,
     topic_for_consume,
-    validate_group_name,
 )
 from broker.core.groups.reset import RESET_TARGETS, preview_reset, reset_offsets
 
 __all__ = [
+    "MAX_ATTEMPTS_RANGE",
+    "MAX_RETRY_LEVELS",
     "RESET_TARGETS",
+    "SESSION_TIMEOUT_MS_RANGE",
     "commit_offsets",
+    "configure_group",
     "delete_group",
     "describe_group",
     "ensure_offsets",
@@ -43,5 +53,5 @@ __all__ = [
     "reset_offsets",
     "settings_of",
     "topic_for_consume",
-    "validate_group_name",
+    "validate_ack_deadline",
 ]

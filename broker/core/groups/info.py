@@ -6,7 +6,6 @@ from django.db.models import F, Sum
 
 from broker import models
 from broker.core import errors, keys, membership, topics
-from broker.core.groups import positions
 from broker.core.records import (
     GroupInfo,
     GroupSettings,
@@ -87,7 +86,7 @@ def _offsets_by_group(
 
 def describe_group(principal: Principal, group_name: str) -> GroupInfo:
     """A group's committed offsets, end offsets and lag per topic the principal may consume."""
-    positions.validate_group_name(group_name)
+    membership.validate_group_name(group_name)
     group = models.ConsumerGroup.objects.filter(name=group_name).first()
     if group is None:
         raise errors.GroupNotFound(group=group_name)

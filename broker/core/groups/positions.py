@@ -24,14 +24,6 @@ _poll_turn = itertools.count()
 _poll_turn_lock = threading.Lock()
 
 
-def validate_group_name(name: str) -> None:
-    if not topics.NAME_RE.fullmatch(name or ""):
-        raise errors.InvalidRequest(
-            "Group names are 1 to 200 characters from A-Z, a-z, 0-9, '.', '_' and '-'.",
-            group=name,
-        )
-
-
 def topic_for_consume(principal: Principal, topic_name: str) -> models.Topic:
     topics.validate_name(topic_name)
     keys.require(principal, topic_name, "consume")
@@ -81,7 +73,7 @@ def poll_messages(
     concurrent pollers of one group never get the same message; without it the group sees the
     same messages again until it commits. Members poll through delivery.deliver_messages.
     """
-    validate_group_name(group_name)
+    membership.validate_group_name(group_name)
     limit = ferry_settings.get("MAX_FETCH_MESSAGES")
     if not 1 <= max_messages <= limit:
         raise errors.InvalidRequest(
@@ -182,7 +174,7 @@ def commit_offsets(
     With member_id (and generation) the commit is fenced like Kafka's: refused for a partition
     the member does not hold or after a rebalance it has not seen.
     """
-    validate_group_name(group_name)
+    membership.validate_group_name(group_name)
     topic = topic_for_consume(principal, topic_name)
     if not offsets:
         raise errors.InvalidRequest("Name at least one partition's offset to commit.")
@@ -245,7 +237,7 @@ def delete_group(principal: Principal, group_name: str, force: bool = False) -> 
     forced, its members learn on their next heartbeat or poll that they are gone.
     """
     keys.require_superuser(principal)
-    validate_group_name(group_name)
+    membership.validate_group_name(group_name)
     with transaction.atomic(durable=True):
         # Group lock: serializes with joins, polls and settlements of this group.
         group = (

@@ -13,7 +13,6 @@ from broker.core.groups.positions import (
     _ensure_offsets,
     _move,
     topic_for_consume,
-    validate_group_name,
 )
 from broker.core.records import GroupTopicOffsets, Principal, ResetPreviewRow
 
@@ -91,7 +90,7 @@ def reset_offsets(
     Refused while the group has live members on the topic, unless forced (Kafka's
     kafka-consumer-groups --reset-offsets needs an inactive group too). Replays history.
     """
-    validate_group_name(group_name)
+    membership.validate_group_name(group_name)
     _validate_reset(to, timestamp_ms, offsets, shift_by)
     topic = topic_for_consume(principal, topic_name)
     with transaction.atomic(durable=True):
@@ -145,7 +144,7 @@ def preview_reset(
     Partitions reset_offsets would leave alone (not named in offsets) are not listed. A group
     that never read the topic starts at each partition's start offset.
     """
-    validate_group_name(group_name)
+    membership.validate_group_name(group_name)
     _validate_reset(to, timestamp_ms, offsets, shift_by)
     topic = topic_for_consume(principal, topic_name)
     committed = dict(

@@ -4,8 +4,9 @@ See docs/architecture.md#life-of-a-message and #locks. Offsets are assigned unde
 row lock inside the appending transaction, so they are contiguous and never reused.
 
 The package: append.py (check and plan a batch, dedup, assign offsets, insert, truncate; the
-clock, now_ms) and read.py (fetch, long-poll, offsets by timestamp). Its public names are
-re-exported here: callers use `log.<name>`.
+clock, now_ms), delayed.py (a delayed message's due time, stored in the schedule with its
+batch), purge.py (purge_topic) and read.py (fetch, long-poll, offsets by timestamp). Its public
+names are re-exported here: callers use `log.<name>`.
 """
 
 from broker.core.log.append import (
@@ -20,6 +21,8 @@ from broker.core.log.append import (
     now_ms,
     truncate,
 )
+from broker.core.log.delayed import LEVELS_MS, due_ms
+from broker.core.log.purge import purge_topic
 from broker.core.log.read import (
     SELECT_MESSAGES,
     SELECT_PARTITION,
@@ -33,6 +36,7 @@ from broker.core.log.read import (
 
 __all__ = [
     "INSERT_MESSAGES",
+    "LEVELS_MS",
     "MESSAGE_COLUMNS",
     "SELECT_MESSAGES",
     "SELECT_PARTITION",
@@ -40,11 +44,13 @@ __all__ = [
     "append_messages",
     "append_planned_in_transaction",
     "checked_batch",
+    "due_ms",
     "known_ids",
     "list_offsets",
     "message_size",
     "now_ms",
     "offset_for_timestamp",
+    "purge_topic",
     "read_messages",
     "read_messages_async",
     "read_partition",

@@ -14,16 +14,8 @@ from django.db.models import Sum
 
 from broker import models
 from broker import settings as ferry_settings
-from broker.core import (
-    bulk,
-    errors,
-    events,
-    keys,
-    partitioning,
-    scheduling,
-    topics,
-    trace,
-)
+from broker.core import bulk, errors, events, keys, partitioning, topics, trace
+from broker.core.log import delayed
 from broker.core.records import AppendResult, NewMessage, Principal
 
 # Raw SQL on the produce hot path: the ORM's bulk_create costs more per row than the insert
@@ -101,7 +93,7 @@ def _plan(
                 size_bytes=size,
                 max_message_bytes=topic.max_message_bytes,
             )
-        due = scheduling.due_ms(message, now, index) if message.is_delayed else None
+        due = delayed.due_ms(message, now, index) if message.is_delayed else None
         planned.append(_Planned(partitions[index], message, size, due))
     return planned
 
@@ -179,10 +171,10 @@ def _append_in_transaction(topic: models.Topic, plan: list[_Planned]) -> list[Ap
     first_index: dict[str, int] = {}
     duplicate_of: dict[int, int] = {}
     to_store: list[int] = []
-    delayed: list[tuple[int, NewMessage, int]] = []
+    later: list[tuple[int, NewMessage, int]] = []
     for index, planned in enumerate(plan):
         if planned.due_ms is not None:
-            delayed.append((index, planned.message, planned.due_ms))
+            later.append((index, planned.message, planned.due_ms))
             continue
         client_id = planned.message.client_id
         if client_id is not None:
@@ -220,8 +212,10 @@ def _append_in_transaction(topic: models.Topic, plan: list[_Planned]) -> list[Ap
                 and r.offset is not None
             ]
         )
-    if delayed:
-        scheduling.schedule_in_transaction(topic, delayed, results, timestamp_ms)
+    if later:
+        ids = {m.client_id for _, m, _ in later if m.client_id is not None}
+        released = known_ids(topic.id, ids, timestamp_ms) if ids else {}
+        delayed.schedule_in_transaction(topic, later, results, timestamp_ms, released)
     for index, first in duplicate_of.items():
         original = results[first]
         if original is not None:

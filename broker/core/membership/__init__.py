@@ -4,18 +4,18 @@ See docs/semantics.md#membership. A rebalance runs under the group row's lock, b
 group's generation and rewrites the (group, partition) lease rows; a lease row holds one member,
 so two members never hold one partition, whichever broker process serves them.
 
-The package: sessions.py (join, heartbeat, leave, expiry, what a member holds), rebalancing.py
-(the group lock, rebalances) and configure.py (configure_group). Its public names are
-re-exported here: callers use `membership.<name>`.
+The package: sessions.py (group and member names; join, heartbeat, leave, expiry, what a member
+holds) and rebalancing.py (the group lock, rebalances; a topic altered, and its groups
+rebalanced when its partitions grow). Its public names are re-exported here: callers use
+`membership.<name>`. Group settings (groups.configure_group) and group offsets sit a layer up.
 """
 
-from broker.core.membership.configure import (
-    MAX_ATTEMPTS_RANGE,
-    MAX_RETRY_LEVELS,
-    SESSION_TIMEOUT_MS_RANGE,
-    configure_group,
+from broker.core.membership.rebalancing import (
+    alter_topic,
+    locked_group,
+    rebalance,
+    rebalance_topic,
 )
-from broker.core.membership.rebalancing import locked_group, rebalance, rebalance_topic
 from broker.core.membership.sessions import (
     MEMBER_ID_MAX,
     START_POSITIONS,
@@ -27,15 +27,13 @@ from broker.core.membership.sessions import (
     leave_group,
     list_members,
     touch_member,
+    validate_group_name,
 )
 
 __all__ = [
-    "MAX_ATTEMPTS_RANGE",
-    "MAX_RETRY_LEVELS",
     "MEMBER_ID_MAX",
-    "SESSION_TIMEOUT_MS_RANGE",
     "START_POSITIONS",
-    "configure_group",
+    "alter_topic",
     "expire_members",
     "find_group",
     "heartbeat",
@@ -47,4 +45,5 @@ __all__ = [
     "rebalance",
     "rebalance_topic",
     "touch_member",
+    "validate_group_name",
 ]

@@ -1,10 +1,16 @@
 """Rebalancing: the group lock, and a topic's partition leases reassigned over live members.
 
-See docs/semantics.md#membership and docs/architecture.md#locks.
+See docs/semantics.md#membership and docs/architecture.md#locks. Altering a topic lives here
+too: grown partitions are handed out to the groups on the topic in the same transaction.
 """
 
+from typing import Any
+
+from django.db import transaction
+
 from broker import models
-from broker.core import assignment
+from broker.core import assignment, topics
+from broker.core.records import Principal, TopicInfo
 
 
 def locked_group(group_name: str) -> models.ConsumerGroup:
@@ -81,3 +87,19 @@ def rebalance_topic(topic: models.Topic) -> None:
         .order_by("id")
     ):
         rebalance(group, topic.id)
+
+
+def alter_topic(principal: Principal, name: str, **changes: Any) -> TopicInfo:
+    """Change a topic's limits or grow its partitions; a field left out keeps its value.
+
+    changes: the keywords of topics.check_alter (partitions, retention_ms, retention_bytes,
+    max_message_bytes, capacity, overflow_policy, message_ttl_ms, trace). When the partitions
+    grow, every group with members on the topic is rebalanced in the same transaction.
+    """
+    change = topics.check_alter(principal, name, **changes)
+    with transaction.atomic(durable=True):
+        topic, grown = topics.alter_in_transaction(change)
+        if grown:
+            # Lock order topic -> group: the groups on this topic hand out the new partitions.
+            rebalance_topic(topic)
+    return topics.to_info(topic, list(topic.partitions.order_by("number")))

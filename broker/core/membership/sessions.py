@@ -10,11 +10,19 @@ from django.db import connection, transaction
 
 from broker import models
 from broker import settings as ferry_settings
-from broker.core import delivery, errors, filters, groups, keys, log, topics
+from broker.core import errors, filters, inflight, keys, log, topics
 from broker.core.membership import rebalancing
 from broker.core.records import MemberInfo, MemberSummary, Principal
 
 MEMBER_ID_MAX = 100
+
+
+def validate_group_name(name: str) -> None:
+    if not topics.NAME_RE.fullmatch(name or ""):
+        raise errors.InvalidRequest(
+            "Group names are 1 to 200 characters from A-Z, a-z, 0-9, '.', '_' and '-'.",
+            group=name,
+        )
 
 
 def _validate_member_id(member_id: str) -> None:
@@ -59,7 +67,7 @@ def join_group(
     group (in broadcast mode: this member) begins on partitions where it has no position yet:
     earliest, latest or timestamp (Kafka's auto.offset.reset); an existing position is kept.
     """
-    groups.validate_group_name(group_name)
+    validate_group_name(group_name)
     topic = topics.get_topic(principal, topic_name, "consume")
     member_id = member_id or uuid.uuid4().hex
     _validate_member_id(member_id)
@@ -224,7 +232,7 @@ def _release_in_flight(group: models.ConsumerGroup, member_ids: list[str], topic
         state=models.InFlight.State.DELIVERED,
     ).update(state=models.InFlight.State.RETRY_WAIT, deadline_ms=log.now_ms())
     if released:
-        delivery.wake(topic_id)
+        inflight.wake(topic_id)
 
 
 def touch_member(

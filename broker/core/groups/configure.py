@@ -1,11 +1,15 @@
-"""Group settings: check and change how a group assigns partitions and delivers messages."""
+"""Group settings: check and change how a group assigns partitions and delivers messages.
+
+It sits over membership (a new strategy rebalances the members under the group lock) and
+answers with the group's description (info.describe_group).
+"""
 
 from django.db import transaction
 
 from broker import models
 from broker import settings as ferry_settings
-from broker.core import assignment, delivery, errors, groups, keys
-from broker.core.membership import rebalancing
+from broker.core import assignment, errors, keys, membership
+from broker.core.groups import info
 from broker.core.records import GroupInfo, Principal
 
 SESSION_TIMEOUT_MS_RANGE = (1_000, 3_600_000)
@@ -34,7 +38,7 @@ def _validate_settings(
             f"session_timeout_ms is {low} to {high}.", session_timeout_ms=session_timeout_ms
         )
     if ack_deadline_ms is not None:
-        delivery.validate_ack_deadline(ack_deadline_ms)
+        validate_ack_deadline(ack_deadline_ms)
     low, high = MAX_ATTEMPTS_RANGE
     if max_attempts is not None and not low <= max_attempts <= high:
         raise errors.InvalidRequest(f"max_attempts is {low} to {high}.", max_attempts=max_attempts)
@@ -67,7 +71,7 @@ def configure_group(
     An operator's action: it needs an 'admin:*' key (or the console), like managing keys.
     """
     keys.require_superuser(principal)
-    groups.validate_group_name(group_name)
+    membership.validate_group_name(group_name)
     _validate_settings(
         strategy, session_timeout_ms, mode, ack_deadline_ms, max_attempts, retry_delays_ms
     )
@@ -81,7 +85,7 @@ def configure_group(
         "retry_delays_ms": retry_delays_ms,
     }
     with transaction.atomic(durable=True):
-        group = rebalancing.locked_group(group_name)
+        group = membership.locked_group(group_name)
         member_topics = set(
             models.GroupMember.objects.filter(group=group).values_list("topic_id", flat=True)
         )
@@ -101,5 +105,11 @@ def configure_group(
             group.save(update_fields=changed)
         if "strategy" in changed:
             for topic_id in sorted(member_topics):
-                rebalancing.rebalance(group, topic_id)
-    return groups.describe_group(principal, group_name)
+                membership.rebalance(group, topic_id)
+    return info.describe_group(principal, group_name)
+
+
+def validate_ack_deadline(value_ms: int, name: str = "ack_deadline_ms") -> None:
+    high = ferry_settings.get("MAX_ACK_DEADLINE_MS")
+    if not 1000 <= value_ms <= high:
+        raise errors.InvalidRequest(f"{name} is 1000 to {high}.", **{name: value_ms})
