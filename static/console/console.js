@@ -31,6 +31,7 @@
 
   // Every form with data-confirm asks first, in a <dialog> (#confirm-ok / #confirm-cancel).
   let confirmed = null;
+  let asking = null;  // the form the open confirm step will submit
   function askThenSubmit(form, submitter, message) {
     const dialog = document.getElementById("confirm-dialog");
     if (!dialog || typeof dialog.showModal !== "function") {
@@ -39,7 +40,9 @@
     }
     document.getElementById("confirm-message").textContent = message;
     dialog.returnValue = "";
+    asking = form;
     dialog.onclose = function () {
+      asking = null;
       if (dialog.returnValue === "ok") submitConfirmed(form, submitter);
     };
     dialog.showModal();
@@ -49,6 +52,12 @@
     confirmed = form;
     if (form.requestSubmit) form.requestSubmit(submitter || undefined); else form.submit();
   }
+  // A live refresh requested just before the confirm step opened must not land while it is
+  // open: it would replace the form being confirmed, and the confirmed action would be lost.
+  document.addEventListener("htmx:beforeSwap", function (event) {
+    const target = event.detail.target;
+    if (asking && target && target.contains(asking)) event.detail.shouldSwap = false;
+  });
   document.addEventListener("submit", function (event) {
     const form = event.target;
     if (!(form instanceof HTMLFormElement)) return;
