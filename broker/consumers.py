@@ -12,7 +12,7 @@ import functools
 import logging
 import sys
 import weakref
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs
@@ -35,13 +35,15 @@ from broker.core import (
     log,
     membership,
 )
-from broker.core.records import AppendResult, MemberInfo, Principal
+from broker.core.records import AppendResult, Delivery, MemberInfo, Principal
 
 logger = logging.getLogger(__name__)
 
-# Close codes: RFC 6455's "message too big", and ours in the 4000 range (docs/websocket.md).
-CLOSE_TOO_BIG = 1009
-CLOSE_GOING_AWAY = 1001
+# Close codes (docs/websocket.md#close-codes). Autobahn, under Daphne, lets an application send
+# only 1000 or 3000-4999, so RFC 6455's 1009 and 1001 become ours in the 4000 range, each the
+# HTTP status of the same meaning plus 4000.
+CLOSE_TOO_BIG = 4413
+CLOSE_GOING_AWAY = 4503
 CLOSE_UNAUTHENTICATED = 4401
 
 
@@ -49,6 +51,18 @@ class FrameTooLarge(errors.BrokerError):
     """The frame is larger than the server accepts."""
 
     code = "frame_too_large"
+
+
+def frame_too_large(size: int, limit: int) -> FrameTooLarge:
+    return FrameTooLarge(
+        f"The frame is {size} bytes; this server accepts at most {limit}.", size=size, limit=limit
+    )
+
+
+class PushTooLarge(errors.BrokerError):
+    """A delivered message does not fit one frame; it stays in flight (settle it by receipt)."""
+
+    code = "push_too_large"
 
 
 class UnknownFrame(errors.InvalidRequest):
@@ -140,6 +154,29 @@ def _hook_shutdown() -> None:
         return defer.Deferred.fromFuture(asyncio.ensure_future(_close_all()))
 
     reactor.addSystemEventTrigger("before", "shutdown", before_shutdown)  # type: ignore[arg-type]
+
+
+def hook_daphne() -> None:
+    """Under Daphne, answer a client frame over its size limit as this consumer does.
+
+    Autobahn checks Daphne's --websocket-max-message-size (which scripts/run sets to
+    FERRY_WS_MAX_FRAME_BYTES) before the frame reaches the application, and by default drops
+    the TCP connection: the client sees 1006 and no reason. Here it gets the `error` frame
+    (`frame_too_large`) and close 4413, as docs/websocket.md says; the rest of the frame is
+    read and discarded while the closing handshake runs.
+    """
+    if "daphne.server" not in sys.modules:
+        return
+    from daphne.ws_protocol import WebSocketProtocol  # type: ignore[import-untyped]
+
+    def max_message_size_exceeded(self: Any, size: int, limit: int, reason: str) -> None:
+        self.failedByMe = True  # autobahn: ignore the rest of this message
+        if self.state == self.STATE_OPEN:
+            logger.info("closing a WebSocket: %s", reason)
+            self.sendMessage(_error(frame_too_large(size, limit)), isBinary=False)
+            self.sendClose(code=CLOSE_TOO_BIG, reason="frame too large")
+
+    WebSocketProtocol._max_message_size_exceeded = max_message_size_exceeded
 
 
 async def _close_all() -> None:
@@ -240,12 +277,8 @@ class BrokerConsumer(AsyncWebsocketConsumer):
         near = isinstance(data, bytes) or len(data) * 4 > limit
         size = len(data.encode() if isinstance(data, str) else data) if near else 0
         if size > limit:
-            exc = FrameTooLarge(
-                f"The frame is {size} bytes; this server accepts at most {limit}.",
-                size=size,
-                limit=limit,
-            )
-            await self._send_raw(_error(exc))
+            # Under Daphne, hook_daphne() answers the same before the frame reaches us.
+            await self._send_raw(_error(frame_too_large(size, limit)))
             await self.close(code=CLOSE_TOO_BIG)
             return
         try:
@@ -488,13 +521,7 @@ class BrokerConsumer(AsyncWebsocketConsumer):
                     await self._heartbeat(s)
                 if result.deliveries:
                     s.credit -= len(result.deliveries)
-                    await self._send_frame(
-                        {
-                            "type": "messages",
-                            "sub": s.sub,
-                            "items": [wire.delivery_out(d) for d in result.deliveries],
-                        }
-                    )
+                    await self._push(s, result.deliveries)
                     continue
                 if result.filtered or result.expired:
                     continue  # the filter skipped a long run: keep scanning
@@ -505,6 +532,35 @@ class BrokerConsumer(AsyncWebsocketConsumer):
             timeout = max(0.05, interval - (loop.time() - s.last_beat))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(s.wake.wait(), timeout)
+
+    async def _push(self, s: Subscription, deliveries: Sequence[Delivery]) -> None:
+        """Send deliveries in `messages` frames of at most FERRY_WS_MAX_FRAME_BYTES each."""
+        limit = ferry_settings.get("WS_MAX_FRAME_BYTES")
+        head = b'{"type":"messages","sub":' + orjson.dumps(s.sub) + b',"items":['
+        tail = b"]}"
+        items: list[bytes] = []
+        size = len(head) + len(tail)
+        for d in deliveries:
+            item = orjson.dumps(wire.delivery_out(d))
+            if len(head) + len(item) + len(tail) > limit:
+                # Only a message whose headers JSON-escape to several times their size can get
+                # here (max_message_bytes_ceiling leaves room for the rest): say which one.
+                exc = PushTooLarge(
+                    partition=d.message.partition,
+                    offset=d.message.offset,
+                    receipt=d.receipt or None,
+                    size=len(item),
+                    limit=limit,
+                )
+                await self._send_raw(_error(exc, sub=s.sub))
+                continue
+            if items and size + 1 + len(item) > limit:
+                await self._send_raw(head + b",".join(items) + tail)
+                items, size = [], len(head) + len(tail)
+            size += len(item) + (1 if items else 0)
+            items.append(item)
+        if items:
+            await self._send_raw(head + b",".join(items) + tail)
 
     async def _heartbeat(self, s: Subscription) -> None:
         try:

@@ -18,7 +18,7 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.conf import settings  # noqa: E402
 from django.core.handlers.asgi import ASGIHandler  # noqa: E402
 
-from broker import background, routing  # noqa: E402
+from broker import background, consumers, routing  # noqa: E402
 from dashboard import routing as dashboard_routing  # noqa: E402
 
 API_PREFIX = "/api/v1/"
@@ -69,6 +69,7 @@ application = ProtocolTypeRouter(
 )
 
 background.start()
+consumers.hook_daphne()
 
 # The server's long-lived objects (Django, Ninja, pydantic schemas) are moved out of the
 # collector's reach, and young collections run less often: a produce batch allocates thousands

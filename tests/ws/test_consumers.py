@@ -224,5 +224,5 @@ async def test_frame_too_large__closes():
         await ws.send_to(text_data="x" * 200)
         assert (await recv(ws))["error"]["code"] == "frame_too_large"
         closed = await ws.receive_output(timeout=1)
-        assert closed == {"type": "websocket.close", "code": 1009}
+        assert closed == {"type": "websocket.close", "code": 4413}
         await ws.disconnect()
