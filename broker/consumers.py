@@ -133,6 +133,9 @@ _live: "weakref.WeakSet[BrokerConsumer]" = weakref.WeakSet()
 _shutdown_hooked = False
 SHUTDOWN_TIMEOUT_S = 10
 CLOSE_WAIT_S = 2
+# How often an open connection checks that its key still authenticates: a revoked key loses
+# its sockets within this plus FERRY_AUTH_CACHE_SECONDS (docs/websocket.md#close-codes).
+KEY_CHECK_INTERVAL_S = 0.5
 # Publish frames of one connection being committed at once; more wait their turn.
 MAX_PUBLISHES_IN_FLIGHT = 256
 
@@ -192,6 +195,8 @@ class BrokerConsumer(AsyncWebsocketConsumer):
     """One WebSocket connection: its key, its subscriptions, and their push tasks."""
 
     principal: Principal | None
+    token: str | None
+    key_check: "asyncio.Task[None] | None"
     subs: dict[str, Subscription]
     closed: asyncio.Event
     publishing: "set[asyncio.Task[None]]"
@@ -223,6 +228,8 @@ class BrokerConsumer(AsyncWebsocketConsumer):
     @override
     async def connect(self) -> None:
         self.principal = None
+        self.token = None
+        self.key_check = None
         self.subs = {}
         self.closed = asyncio.Event()
         self.publishing = set()
@@ -238,12 +245,48 @@ class BrokerConsumer(AsyncWebsocketConsumer):
         except errors.BrokerError as exc:
             await self._send_raw(_error(exc))
             await self.close(code=CLOSE_UNAUTHENTICATED)
+            return
+        self._watch_key(token)
 
     @override
     async def disconnect(self, code: int) -> None:
         _live.discard(self)
         self.closed.set()
+        check = getattr(self, "key_check", None)
+        if check is not None:
+            check.cancel()
         await self._leave_all()
+
+    def _watch_key(self, token: str) -> None:
+        self.token = token
+        if self.key_check is None:
+            self.key_check = asyncio.create_task(self._check_key())
+
+    async def _check_key(self) -> None:
+        """Close the connection (4401) once its key no longer authenticates: revoked."""
+        while not self.closed.is_set():
+            await asyncio.sleep(KEY_CHECK_INTERVAL_S)
+            token = self.token
+            if keys.cached_principal(token) is not None:
+                continue
+            try:
+                await dbthreads.run(keys.authenticate, token)
+            except errors.Unauthenticated:
+                if token != self.token:
+                    continue  # an auth frame switched keys meanwhile
+                logger.info("closing a WebSocket: its key %r was revoked", self._key_name())
+                with contextlib.suppress(Exception):
+                    await self._send_raw(
+                        _error(errors.Unauthenticated("The API key was revoked."))
+                    )
+                    await self.close(code=CLOSE_UNAUTHENTICATED)
+                return
+            except Exception:
+                # The database is away: the next check tries again.
+                logger.warning("could not check a WebSocket's key", exc_info=True)
+
+    def _key_name(self) -> str | None:
+        return self.principal.name if self.principal is not None else None
 
     async def _leave_all(self) -> None:
         subs, self.subs = getattr(self, "subs", {}), {}
@@ -346,6 +389,7 @@ class BrokerConsumer(AsyncWebsocketConsumer):
 
     async def on_auth(self, frame: frames.AuthFrame) -> None:
         self.principal = await dbthreads.run(keys.authenticate, frame.token)
+        self._watch_key(frame.token)
         await self._send_frame(
             {"type": "authenticated", "ref": frame.ref, "key": self.principal.name}
         )

@@ -15,6 +15,7 @@ from websockets.sync.client import connect
 
 from broker import consumers, models
 from broker import settings as ferry_settings
+from broker.core import keys
 from tests.integration.conftest import start_daphne, stop
 from tests.integration.test_websocket import open_ws, recv_type, send, subscribe, ws_url
 
@@ -151,3 +152,30 @@ def test_bad_key__close_4401(broker_url):
         code = closed_code(ws)
     assert error["error"]["code"] == "unauthenticated"
     assert code == consumers.CLOSE_UNAUTHENTICATED == 4401
+
+
+@pytest.mark.parametrize("how", ["header", "auth frame"])
+def test_revoked_key__closes_open_sockets_within_a_second(
+    broker_url, key_factory, topic_factory, how
+):
+    topic = topic_factory().name
+    principal, secret = key_factory("admin:*")
+    with open_ws(broker_url, secret) if how == "header" else connect(ws_url(broker_url)) as ws:
+        if how == "auth frame":
+            send(ws, {"type": "auth", "token": secret})
+            recv_type(ws, "authenticated")
+        subscribe(ws, topic)
+        send(ws, {"type": "publish", "topic": topic, "messages": [{"value": 1}]})
+        recv_type(ws, "messages")
+        # Revoked by another process (this one): the server's key cache may hold it a second.
+        keys.revoke_api_key(keys.CONSOLE, principal.name)
+        revoked = time.monotonic()
+        error = recv_type(ws, "error", timeout=5)
+        code = closed_code(ws, timeout=5)
+        elapsed = time.monotonic() - revoked
+    assert error["error"]["code"] == "unauthenticated"
+    assert code == consumers.CLOSE_UNAUTHENTICATED
+    assert elapsed < 2.5, elapsed
+    wait_for_members_to_leave()
+    # Its unsettled message went back to the group.
+    assert models.InFlight.objects.get().state == "retry_wait"
