@@ -276,9 +276,7 @@ class BrokerConsumer(AsyncWebsocketConsumer):
                     continue  # an auth frame switched keys meanwhile
                 logger.info("closing a WebSocket: its key %r was revoked", self._key_name())
                 with contextlib.suppress(Exception):
-                    await self._send_raw(
-                        _error(errors.Unauthenticated("The API key was revoked."))
-                    )
+                    await self._send_raw(_error(errors.Unauthenticated("The API key was revoked.")))
                     await self.close(code=CLOSE_UNAUTHENTICATED)
                 return
             except Exception:
