@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import logging
 from typing import Any
 
 import orjson
@@ -48,6 +49,8 @@ from broker.core.records import (
     TopicInfo,
 )
 
+logger = logging.getLogger(__name__)
+
 # Bounds for integer parameters: beyond them a value cannot be an offset or a partition.
 INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1
@@ -78,6 +81,7 @@ STATUS_BY_CODE = {
     "method_not_allowed": 405,
     "validation_error": 422,
     "broker_error": 503,
+    "internal_error": 500,
 }
 
 
@@ -170,11 +174,13 @@ def on_authentication_error(request: HttpRequest, exc: AuthenticationError) -> H
 
 
 def json_errors_for_api(request: HttpRequest, response: HttpResponse) -> HttpResponse:
-    """Django's HTML 404 and Ninja's text 405 under /api/v1/ become JSON errors."""
-    if not request.path.startswith("/api/v1/") or response.status_code not in (404, 405):
+    """Django's HTML 404 and 500 and Ninja's text 405 under /api/v1/ become JSON errors."""
+    if not request.path.startswith("/api/v1/") or response.status_code not in (404, 405, 500):
         return response
     if response.get("Content-Type", "").startswith("application/json"):
         return response
+    if response.status_code == 500:
+        return internal_error()
     if response.status_code == 404:
         return error_response("not_found", f"No API endpoint at {request.path}.")
     allowed = response.get("Allow", "")
@@ -182,6 +188,21 @@ def json_errors_for_api(request: HttpRequest, response: HttpResponse) -> HttpRes
         "method_not_allowed",
         f"{request.method} is not allowed here; use {allowed}.",
         {"allowed": [m.strip() for m in allowed.split(",") if m.strip()]},
+    )
+
+
+@api.exception_handler(Exception)
+def on_unexpected_error(request: HttpRequest, exc: Exception) -> HttpResponse:
+    """A bug or a failed database: the documented JSON error body, never Django's HTML page."""
+    logger.exception("%s %s failed", request.method, request.path)
+    return internal_error()
+
+
+def internal_error() -> HttpResponse:
+    return error_response(
+        "internal_error",
+        "The broker failed to answer this request; it has been logged. Try again.",
+        status=500,
     )
 
 

@@ -406,7 +406,7 @@ class BrokerConsumer(AsyncWebsocketConsumer):
                 frame.group,
                 frame.topic,
                 frame.member_id,
-                filter=frame.filter,
+                filter=frame.filter.to_spec() if frame.filter is not None else None,
                 start="earliest" if frame.start == "committed" else frame.start,
                 start_timestamp_ms=frame.timestamp_ms,
             )

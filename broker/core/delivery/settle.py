@@ -27,6 +27,13 @@ def _validate_receipts(receipts: list[str]) -> list[str]:
         raise errors.InvalidRequest(f"At most {limit} receipts per call.", count=len(receipts))
     if any(not isinstance(r, str) or not 0 < len(r) <= RECEIPT_MAX for r in receipts):
         raise errors.InvalidRequest(f"A receipt is a string of 1 to {RECEIPT_MAX} characters.")
+    # A malformed receipt is the client's mistake, not a stale delivery (docs/api.md).
+    malformed = [r for r in receipts if inflight._parse_receipt(r) is None]
+    if malformed:
+        raise errors.InvalidRequest(
+            f"{malformed[0]!r} is not a receipt (token.partition.offset, in hex).",
+            receipts=malformed[:10],
+        )
     return list(dict.fromkeys(receipts))
 
 
