@@ -34,7 +34,7 @@ class MalformedJson(InvalidRequest):
 
 
 class InvalidTopicName(InvalidRequest):
-    """Topic names are 1 to 200 characters from A-Z, a-z, 0-9, '.', '_' and '-'."""
+    """Topic names are 1 to 200 characters from A-Z, a-z, 0-9, '.', '_' and '-', not only dots."""
 
     code = "invalid_topic_name"
 

@@ -9,7 +9,8 @@ from broker import settings as ferry_settings
 from broker.core import errors, keys, log, membership
 from broker.core.records import PartitionInfo, Principal, PurgeTopicResult, TopicInfo
 
-NAME_RE = re.compile(r"[A-Za-z0-9._-]{1,200}")
+# Not dots alone: ".", ".." and "..." are path segments that URL clients rewrite (RFC 3986).
+NAME_RE = re.compile(r"(?!\.+$)[A-Za-z0-9._-]{1,200}")
 OVERFLOW_POLICIES = tuple(models.Topic.Overflow.values)
 _UNSET = object()
 
