@@ -70,6 +70,7 @@ STATUS_BY_CODE = {
     "redrive_job_not_found": 404,
     "stale_generation": 409,
     "group_has_members": 409,
+    "member_id_taken": 409,
     "topic_exists": 409,
     "api_key_exists": 409,
     "topic_full": 409,

@@ -72,7 +72,6 @@ def join_group(
     with transaction.atomic(durable=True):
         group = rebalancing.locked_group(group_name)
         member = models.GroupMember.objects.filter(group=group, member_id=member_id).first()
-        moved_from = None
         if member is None:
             member = models.GroupMember.objects.create(
                 group=group,
@@ -83,18 +82,18 @@ def join_group(
                 filter=filter,
             )
         else:
+            if member.topic_id != topic.id:
+                # Another consumer's id, perhaps under another key: taking it over would move
+                # that member and release its messages (a rejoin is for the same topic only).
+                raise errors.MemberIdTaken(group=group_name, member_id=member_id)
             # A rejoin is a consumer that restarted: what it had in flight comes back at once.
             _release_in_flight(group, [member_id], member.topic_id)
-            if member.topic_id != topic.id:
-                moved_from = member.topic_id
             member.topic_id = topic.id
             member.heartbeat_ms = now
             member.filter = filter
             member.save(update_fields=["topic", "heartbeat_ms", "filter"])
         _start_positions(group, member, start, start_timestamp_ms)
         rebalancing.rebalance(group, topic.id)
-        if moved_from is not None:
-            rebalancing.rebalance(group, moved_from)
         return _info(group, member, topic.name)
 
 
