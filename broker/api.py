@@ -115,7 +115,69 @@ class AuthedRequest(HttpRequest):
     auth: Principal
 
 
-api = NinjaAPI(
+# Path parameters that are names, as the core checks them (topics.NAME_RE; dots alone refused).
+NAME_PATTERN = "^[A-Za-z0-9._-]{1,200}$"
+NAME_PARAMETERS = {"name", "group", "topic", "member_id"}
+
+
+class FerryApi(NinjaAPI):
+    """NinjaAPI whose OpenAPI schema also documents every error response and name pattern."""
+
+    def get_openapi_schema(self, **kwargs: Any) -> Any:
+        schema = super().get_openapi_schema(**kwargs)
+        error_schema = schemas.ErrorOut.model_json_schema(
+            ref_template="#/components/schemas/{model}"
+        )
+        components = schema.setdefault("components", {}).setdefault("schemas", {})
+        components.update(error_schema.pop("$defs", {}))
+        components["ErrorOut"] = error_schema
+        for path in schema["paths"].values():
+            for operation in path.values():
+                # Ninja keys its own responses by int; JSON has string keys only.
+                operation["responses"] = {str(k): v for k, v in operation["responses"].items()}
+                authed = bool(operation.get("security"))
+                for status, codes in sorted(error_codes_by_status().items()):
+                    if status in (401, 403) and not authed:
+                        continue
+                    operation["responses"].setdefault(
+                        str(status),
+                        {
+                            "description": "Error: " + ", ".join(f"`{c}`" for c in codes),
+                            "content": {
+                                "application/json": {
+                                    "schema": {"$ref": "#/components/schemas/ErrorOut"}
+                                }
+                            },
+                        },
+                    )
+                for parameter in operation.get("parameters", ()):
+                    if parameter["in"] == "path" and parameter["name"] in NAME_PARAMETERS:
+                        parameter["schema"]["pattern"] = NAME_PATTERN
+                        parameter["description"] = (
+                            "1 to 200 characters from A-Z a-z 0-9 . _ - (member ids: 100), "
+                            "not dots alone."
+                        )
+        return schema
+
+
+def error_codes_by_status() -> dict[int, list[str]]:
+    """STATUS_BY_CODE turned around, plus the codes no table maps (400 is the default)."""
+    by_status: dict[int, list[str]] = {
+        400: [
+            "invalid_request",
+            "malformed_json",
+            "invalid_topic_name",
+            "invalid_partition_count",
+            "invalid_message",
+            "invalid_filter",
+        ]
+    }
+    for code, status in STATUS_BY_CODE.items():
+        by_status.setdefault(status, []).append(code)
+    return by_status
+
+
+api = FerryApi(
     title="Ferry",
     version="1",
     description="Durable message broker: topics, partitions, offsets and consumer groups.",
