@@ -142,6 +142,7 @@ class MessageIn(TypedDict):
     delay_ms: NotRequired[Int64 | None]
     deliver_at_ms: NotRequired[Int64 | None]
     level: NotRequired[Int64 | None]
+    timestamp_ms: NotRequired[Int64 | None]
 
 
 class ProduceIn(BaseModel):
@@ -181,6 +182,7 @@ class ProduceIn(BaseModel):
                     m.get("delay_ms"),
                     m.get("deliver_at_ms"),
                     m.get("level"),
+                    m.get("timestamp_ms"),
                 )
             )
         self._new_messages = converted
