@@ -82,6 +82,7 @@ STATUS_BY_CODE = {
     "method_not_allowed": 405,
     "validation_error": 422,
     "broker_error": 503,
+    "busy": 503,
     "internal_error": 500,
 }
 

@@ -43,6 +43,10 @@ class Defaults:
     # (--websocket-max-message-size, scripts/run). It also bounds a topic's max_message_bytes
     # (max_message_bytes_ceiling), so that every stored message can be pushed.
     WS_MAX_FRAME_BYTES: int = 16 * 1024 * 1024
+    # REST: request bodies being read and parsed at once, in bytes, per process; a request that
+    # would go over it waits for none and gets 503 busy with retry_after (docs/api.md#limits).
+    # A body without Content-Length counts as FERRY_MAX_REQUEST_BYTES.
+    MAX_PARSING_BYTES: int = 256 * 1024 * 1024
     # WebSocket push: messages per `messages` frame at most.
     WS_PUSH_BATCH: int = 2000
     # Message trace events are kept this long, and purged this often.
