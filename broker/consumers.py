@@ -106,6 +106,18 @@ class Subscription:
     last_beat: float = 0.0
 
 
+async def wait_for_event(event: asyncio.Event, timeout_s: float) -> None:
+    """Wait until event is set or timeout_s passes; a cancellation always propagates.
+
+    Not asyncio.wait_for: on Python 3.11 it returns normally when the task is cancelled just as
+    the event is set (CPython gh-86296), and a push task cancelled by unsubscribe then went on
+    pushing and heartbeating, and unsubscribe waited for it forever (issue 9, item 12).
+    """
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(timeout_s):
+            await event.wait()
+
+
 def _token(scope: Any) -> str | None:
     """A bearer key from the Authorization header, else the token query parameter (browsers)."""
     for name, value in scope.get("headers", ()):
@@ -212,8 +224,7 @@ class BrokerConsumer(AsyncWebsocketConsumer):
         with contextlib.suppress(Exception):
             await self.close(code=CLOSE_GOING_AWAY)
         # Twisted drops unwritten data when the reactor stops: wait for the client's close.
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.closed.wait(), CLOSE_WAIT_S)
+        await wait_for_event(self.closed, CLOSE_WAIT_S)
 
     @override
     async def dispatch(self, message: dict[str, Any]) -> None:
@@ -294,8 +305,9 @@ class BrokerConsumer(AsyncWebsocketConsumer):
     async def _stop(self, s: Subscription) -> None:
         if s.task is not None:
             s.task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await s.task
+            # asyncio.wait: the push task's end (cancelled, or failed) is not this task's; a
+            # cancellation of this task itself still propagates.
+            await asyncio.wait([s.task])
         if self.principal is not None:
             with contextlib.suppress(errors.MemberNotFound):
                 await dbthreads.run(membership.leave_group, self.principal, s.group, s.member_id)
@@ -571,9 +583,7 @@ class BrokerConsumer(AsyncWebsocketConsumer):
                 await self._heartbeat(s)
             # Wait for a wake-up (messages appended or returned, an ack, a credit frame), or
             # until the next heartbeat is due.
-            timeout = max(0.05, interval - (loop.time() - s.last_beat))
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(s.wake.wait(), timeout)
+            await wait_for_event(s.wake, max(0.05, interval - (loop.time() - s.last_beat)))
 
     async def _push(self, s: Subscription, deliveries: Sequence[Delivery]) -> None:
         """Send deliveries in `messages` frames of at most FERRY_WS_MAX_FRAME_BYTES each."""

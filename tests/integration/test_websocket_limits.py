@@ -179,3 +179,18 @@ def test_revoked_key__closes_open_sockets_within_a_second(
     wait_for_members_to_leave()
     # Its unsettled message went back to the group.
     assert models.InFlight.objects.get().state == "retry_wait"
+
+
+def test_unsubscribe__always_answers_on_a_real_server(broker_url, key_factory, topic_factory):
+    """Issue 9, item 12: about one unsubscribe in 5-10 never answered on PostgreSQL."""
+    topic = topic_factory().name
+    _, secret = key_factory("admin:*")
+    with open_ws(broker_url, secret) as ws:
+        for n in range(40):
+            subscribe(ws, topic)
+            # A publish and a credit wake the push task as unsubscribe cancels it.
+            send(ws, {"type": "publish", "topic": topic, "messages": [{"value": n}]})
+            send(ws, {"type": "credit", "sub": "s", "n": 1})
+            send(ws, {"type": "unsubscribe", "ref": n, "sub": "s"})
+            assert recv_type(ws, "unsubscribed", timeout=5)["ref"] == n
+    wait_for_members_to_leave()
