@@ -312,3 +312,16 @@ def test_join__member_id_of_another_topic_is_409(
     assert acked.json()["settled"] == len(in_flight)
     # Rejoining for its own topic is still a rejoin.
     assert join(api_client, "G", orders, member_id="worker-1").status_code == 201
+
+
+def test_heartbeat_and_leave__another_topics_member_is_not_found(
+    api_client, client_factory, orders, topic_factory, error_of
+):
+    """Issue 9, item 10: not 403 naming the member's topic, but as if it did not exist."""
+    topic_factory("x")
+    assert join(api_client, "G", orders, member_id="worker-1").status_code == 201
+    other = client_factory("consume:x")
+    for response in (heartbeat(other, "G", "worker-1"), leave(other, "G", "worker-1")):
+        assert error_of(response) == (404, "member_not_found")
+        assert "orders" not in response.content.decode()
+    assert heartbeat(api_client, "G", "worker-1").status_code == 200

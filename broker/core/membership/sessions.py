@@ -167,7 +167,9 @@ def heartbeat(principal: Principal, group_name: str, member_id: str) -> MemberIn
     """Keep a member alive; returns its current generation and partitions (rejoin if gone)."""
     with transaction.atomic(durable=True):
         group, member = _member(group_name, member_id, lock=False)
-        keys.require(principal, member.topic.name, "consume")
+        if not keys.allows(principal, member.topic.name, "consume"):
+            # Another topic's member is, to this key, no member at all (issue 9, item 10).
+            raise errors.MemberNotFound(group=group_name, member_id=member_id)
         member.heartbeat_ms = log.now_ms()
         member.save(update_fields=["heartbeat_ms"])
         return _info(group, member, member.topic.name)
@@ -177,7 +179,9 @@ def leave_group(principal: Principal, group_name: str, member_id: str) -> None:
     """Leave a group at once: the member's partitions go to the others."""
     with transaction.atomic(durable=True):
         group, member = _member(group_name, member_id, lock=True)
-        keys.require(principal, member.topic.name, "consume")
+        if not keys.allows(principal, member.topic.name, "consume"):
+            # Another topic's member is, to this key, no member at all (issue 9, item 10).
+            raise errors.MemberNotFound(group=group_name, member_id=member_id)
         member.delete()
         _release_in_flight(group, [member_id], member.topic_id)
         rebalancing.rebalance(group, member.topic_id)
