@@ -21,7 +21,6 @@ def env_bool(name: str, default: bool) -> bool:
 
 def private_file(path: Path) -> None:
     """Make path readable by its owner only (0600), creating it empty if missing."""
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
     os.close(fd)
     with contextlib.suppress(PermissionError):
@@ -34,6 +33,10 @@ def data_dir_secret_key(data_dir: Path) -> str:
     Written to a private temporary file and linked into place, so that processes starting
     together agree on one key and none reads a half-written file.
     """
+    if not data_dir.is_dir():
+        # Nothing is served from a missing data directory (scripts/run makes it, 0700), and a
+        # settings import must not make one: a throwaway key lets the command say what is wrong.
+        return secrets.token_urlsafe(50)
     path = data_dir / "secret_key"
     if not path.exists():
         private_file(tmp := data_dir / f".secret_key.{os.getpid()}")
@@ -117,7 +120,8 @@ def database_config() -> dict[str, Any]:
         return cast(dict[str, Any], config)
     synchronous = os.environ.get("FERRY_SQLITE_SYNCHRONOUS", "FULL")
     # Created 0600 before SQLite opens it; SQLite gives its -wal and -shm files the same mode.
-    private_file(DATA_DIR / "ferry.sqlite3")
+    if DATA_DIR.is_dir():
+        private_file(DATA_DIR / "ferry.sqlite3")
     return {
         "ENGINE": "django.db.backends.sqlite3",
         "NAME": DATA_DIR / "ferry.sqlite3",

@@ -18,6 +18,7 @@ PRINT = (
 
 
 def site_settings(data_dir: Path, **env: str) -> dict:
+    data_dir.mkdir(mode=0o700, exist_ok=True)
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "FERRY_"))}
     clean.pop("DATABASE_URL", None)
     done = subprocess.run(
@@ -43,7 +44,24 @@ def test_secret_key__made_per_data_directory_and_kept_private(tmp_path):
     assert "insecure" not in first
     assert (tmp_path / "a" / "secret_key").read_text().strip() == first
     assert mode(tmp_path / "a" / "secret_key") == 0o600
-    assert mode(tmp_path / "a") == 0o700
+
+
+def test_missing_data_directory__not_made_by_settings(tmp_path):
+    """A command pointed at a wrong FERRY_DATA_DIR must say so, not start an empty broker."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "FERRY_"))}
+    clean.pop("DATABASE_URL", None)
+    subprocess.run(
+        [sys.executable, "-c", PRINT],
+        cwd=ROOT,
+        env={**clean, "FERRY_DATA_DIR": str(tmp_path / "missing")},
+        capture_output=True,
+        check=True,
+    )
+    assert not (tmp_path / "missing").exists()
+
+
+def test_scripts_run__makes_the_data_directory_private():
+    assert 'mkdir -p -m 700 "$FERRY_DATA_DIR"' in (ROOT / "scripts" / "run").read_text()
 
 
 def test_secret_key__the_environment_wins(tmp_path):
@@ -57,6 +75,7 @@ def test_sqlite_file__created_private(tmp_path):
 
 
 def test_sqlite_file__stays_private_once_migrated(tmp_path):
+    tmp_path.chmod(0o700)
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "FERRY_"))}
     clean.pop("DATABASE_URL", None)
     subprocess.run(
