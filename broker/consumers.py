@@ -545,10 +545,30 @@ class BrokerConsumer(AsyncWebsocketConsumer):
             # The topic went away or the key lost its permission: the subscription ends.
             self.subs.pop(s.sub, None)
             await self._send_raw(_error(exc, sub=s.sub))
+            await self._leave_ended(s)
         except Exception:
             logger.exception("push task of subscription %s failed", s.sub)
             self.subs.pop(s.sub, None)
             await self._send_raw(_error(errors.BrokerError("The subscription failed."), sub=s.sub))
+            await self._leave_ended(s)
+
+    async def _leave_ended(self, s: Subscription) -> None:
+        """An ended subscription leaves its group at once: its messages go back to the others.
+
+        Before, its member stayed, holding up to prefetch messages in flight until the socket
+        closed (issue 9, item 1).
+        """
+        if self.principal is not None:
+            try:
+                await dbthreads.run(membership.leave_group, self.principal, s.group, s.member_id)
+            except errors.BrokerError:
+                pass  # gone already, or the key may no longer see it: expiry takes it
+            except Exception:
+                logger.exception("subscription %s could not leave its group", s.sub)
+        if not any(other.topic_id == s.topic_id for other in self.subs.values()):
+            await self.channel_layer.group_discard(
+                events.topic_group(s.topic_id), self.channel_name
+            )
 
     async def _push_loop(self, s: Subscription) -> None:
         loop = asyncio.get_running_loop()

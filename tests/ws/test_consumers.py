@@ -264,3 +264,37 @@ async def test_publish__value_nested_too_deep_is_invalid_frame():
         )
         error = await recv(ws)
         assert (error["error"]["code"], error["ref"]) == ("invalid_frame", 1)
+
+
+async def test_push_task_failure__the_member_leaves_and_its_messages_go_back(monkeypatch):
+    """Issue 9, item 1: a failed subscription kept its member and prefetch in flight."""
+    from broker import consumers as consumers_module
+    from broker import models
+
+    secret = await make_key("admin:*")
+    await new_topic("fails")
+    await produce("fails", [1, 2, 3])
+    sent = 0
+    real_push = consumers_module.BrokerConsumer._push
+
+    async def push_then_fail(self, s, deliveries):
+        nonlocal sent
+        sent += 1
+        if sent > 1:
+            raise RuntimeError("the socket broke")
+        await real_push(self, s, deliveries)
+
+    monkeypatch.setattr(consumers_module.BrokerConsumer, "_push", push_then_fail)
+    async with session(secret) as ws:
+        await send(
+            ws, {"type": "subscribe", "sub": "s", "topic": "fails", "group": "g", "prefetch": 1}
+        )
+        await recv_type(ws, "messages")
+        await produce("fails", [4])
+        await send(ws, {"type": "credit", "sub": "s", "n": 5})
+        error = await recv_type(ws, "error")
+        assert error["sub"] == "s"
+        members = await sync(lambda: list(models.GroupMember.objects.all()))
+        states = await sync(lambda: list(models.InFlight.objects.values_list("state", flat=True)))
+    assert members == []
+    assert "delivered" not in states
