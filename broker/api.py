@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import logging
 from typing import Any
 
 import orjson
@@ -48,6 +49,8 @@ from broker.core.records import (
     TopicInfo,
 )
 
+logger = logging.getLogger(__name__)
+
 # Bounds for integer parameters: beyond them a value cannot be an offset or a partition.
 INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1
@@ -67,6 +70,7 @@ STATUS_BY_CODE = {
     "redrive_job_not_found": 404,
     "stale_generation": 409,
     "group_has_members": 409,
+    "member_id_taken": 409,
     "topic_exists": 409,
     "api_key_exists": 409,
     "topic_full": 409,
@@ -78,6 +82,8 @@ STATUS_BY_CODE = {
     "method_not_allowed": 405,
     "validation_error": 422,
     "broker_error": 503,
+    "busy": 503,
+    "internal_error": 500,
 }
 
 
@@ -110,7 +116,69 @@ class AuthedRequest(HttpRequest):
     auth: Principal
 
 
-api = NinjaAPI(
+# Path parameters that are names, as the core checks them (topics.NAME_RE; dots alone refused).
+NAME_PATTERN = "^[A-Za-z0-9._-]{1,200}$"
+NAME_PARAMETERS = {"name", "group", "topic", "member_id"}
+
+
+class FerryApi(NinjaAPI):
+    """NinjaAPI whose OpenAPI schema also documents every error response and name pattern."""
+
+    def get_openapi_schema(self, **kwargs: Any) -> Any:
+        schema = super().get_openapi_schema(**kwargs)
+        error_schema = schemas.ErrorOut.model_json_schema(
+            ref_template="#/components/schemas/{model}"
+        )
+        components = schema.setdefault("components", {}).setdefault("schemas", {})
+        components.update(error_schema.pop("$defs", {}))
+        components["ErrorOut"] = error_schema
+        for path in schema["paths"].values():
+            for operation in path.values():
+                # Ninja keys its own responses by int; JSON has string keys only.
+                operation["responses"] = {str(k): v for k, v in operation["responses"].items()}
+                authed = bool(operation.get("security"))
+                for status, codes in sorted(error_codes_by_status().items()):
+                    if status in (401, 403) and not authed:
+                        continue
+                    operation["responses"].setdefault(
+                        str(status),
+                        {
+                            "description": "Error: " + ", ".join(f"`{c}`" for c in codes),
+                            "content": {
+                                "application/json": {
+                                    "schema": {"$ref": "#/components/schemas/ErrorOut"}
+                                }
+                            },
+                        },
+                    )
+                for parameter in operation.get("parameters", ()):
+                    if parameter["in"] == "path" and parameter["name"] in NAME_PARAMETERS:
+                        parameter["schema"]["pattern"] = NAME_PATTERN
+                        parameter["description"] = (
+                            "1 to 200 characters from A-Z a-z 0-9 . _ - (member ids: 100), "
+                            "not dots alone."
+                        )
+        return schema
+
+
+def error_codes_by_status() -> dict[int, list[str]]:
+    """STATUS_BY_CODE turned around, plus the codes no table maps (400 is the default)."""
+    by_status: dict[int, list[str]] = {
+        400: [
+            "invalid_request",
+            "malformed_json",
+            "invalid_topic_name",
+            "invalid_partition_count",
+            "invalid_message",
+            "invalid_filter",
+        ]
+    }
+    for code, status in STATUS_BY_CODE.items():
+        by_status.setdefault(status, []).append(code)
+    return by_status
+
+
+api = FerryApi(
     title="Ferry",
     version="1",
     description="Durable message broker: topics, partitions, offsets and consumer groups.",
@@ -170,11 +238,13 @@ def on_authentication_error(request: HttpRequest, exc: AuthenticationError) -> H
 
 
 def json_errors_for_api(request: HttpRequest, response: HttpResponse) -> HttpResponse:
-    """Django's HTML 404 and Ninja's text 405 under /api/v1/ become JSON errors."""
-    if not request.path.startswith("/api/v1/") or response.status_code not in (404, 405):
+    """Django's HTML 404 and 500 and Ninja's text 405 under /api/v1/ become JSON errors."""
+    if not request.path.startswith("/api/v1/") or response.status_code not in (404, 405, 500):
         return response
     if response.get("Content-Type", "").startswith("application/json"):
         return response
+    if response.status_code == 500:
+        return internal_error()
     if response.status_code == 404:
         return error_response("not_found", f"No API endpoint at {request.path}.")
     allowed = response.get("Allow", "")
@@ -182,6 +252,21 @@ def json_errors_for_api(request: HttpRequest, response: HttpResponse) -> HttpRes
         "method_not_allowed",
         f"{request.method} is not allowed here; use {allowed}.",
         {"allowed": [m.strip() for m in allowed.split(",") if m.strip()]},
+    )
+
+
+@api.exception_handler(Exception)
+def on_unexpected_error(request: HttpRequest, exc: Exception) -> HttpResponse:
+    """A bug or a failed database: the documented JSON error body, never Django's HTML page."""
+    logger.exception("%s %s failed", request.method, request.path)
+    return internal_error()
+
+
+def internal_error() -> HttpResponse:
+    return error_response(
+        "internal_error",
+        "The broker failed to answer this request; it has been logged. Try again.",
+        status=500,
     )
 
 

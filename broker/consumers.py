@@ -12,7 +12,7 @@ import functools
 import logging
 import sys
 import weakref
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs
@@ -35,13 +35,15 @@ from broker.core import (
     log,
     membership,
 )
-from broker.core.records import AppendResult, MemberInfo, Principal
+from broker.core.records import AppendResult, Delivery, MemberInfo, Principal
 
 logger = logging.getLogger(__name__)
 
-# Close codes: RFC 6455's "message too big", and ours in the 4000 range (docs/websocket.md).
-CLOSE_TOO_BIG = 1009
-CLOSE_GOING_AWAY = 1001
+# Close codes (docs/websocket.md#close-codes). Autobahn, under Daphne, lets an application send
+# only 1000 or 3000-4999, so RFC 6455's 1009 and 1001 become ours in the 4000 range, each the
+# HTTP status of the same meaning plus 4000.
+CLOSE_TOO_BIG = 4413
+CLOSE_GOING_AWAY = 4503
 CLOSE_UNAUTHENTICATED = 4401
 
 
@@ -49,6 +51,18 @@ class FrameTooLarge(errors.BrokerError):
     """The frame is larger than the server accepts."""
 
     code = "frame_too_large"
+
+
+def frame_too_large(size: int, limit: int) -> FrameTooLarge:
+    return FrameTooLarge(
+        f"The frame is {size} bytes; this server accepts at most {limit}.", size=size, limit=limit
+    )
+
+
+class PushTooLarge(errors.BrokerError):
+    """A delivered message does not fit one frame; it stays in flight (settle it by receipt)."""
+
+    code = "push_too_large"
 
 
 class UnknownFrame(errors.InvalidRequest):
@@ -92,6 +106,18 @@ class Subscription:
     last_beat: float = 0.0
 
 
+async def wait_for_event(event: asyncio.Event, timeout_s: float) -> None:
+    """Wait until event is set or timeout_s passes; a cancellation always propagates.
+
+    Not asyncio.wait_for: on Python 3.11 it returns normally when the task is cancelled just as
+    the event is set (CPython gh-86296), and a push task cancelled by unsubscribe then went on
+    pushing and heartbeating, and unsubscribe waited for it forever (issue 9, item 12).
+    """
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(timeout_s):
+            await event.wait()
+
+
 def _token(scope: Any) -> str | None:
     """A bearer key from the Authorization header, else the token query parameter (browsers)."""
     for name, value in scope.get("headers", ()):
@@ -119,6 +145,9 @@ _live: "weakref.WeakSet[BrokerConsumer]" = weakref.WeakSet()
 _shutdown_hooked = False
 SHUTDOWN_TIMEOUT_S = 10
 CLOSE_WAIT_S = 2
+# How often an open connection checks that its key still authenticates: a revoked key loses
+# its sockets within this plus FERRY_AUTH_CACHE_SECONDS (docs/websocket.md#close-codes).
+KEY_CHECK_INTERVAL_S = 0.5
 # Publish frames of one connection being committed at once; more wait their turn.
 MAX_PUBLISHES_IN_FLIGHT = 256
 
@@ -142,6 +171,29 @@ def _hook_shutdown() -> None:
     reactor.addSystemEventTrigger("before", "shutdown", before_shutdown)  # type: ignore[arg-type]
 
 
+def hook_daphne() -> None:
+    """Under Daphne, answer a client frame over its size limit as this consumer does.
+
+    Autobahn checks Daphne's --websocket-max-message-size (which scripts/run sets to
+    FERRY_WS_MAX_FRAME_BYTES) before the frame reaches the application, and by default drops
+    the TCP connection: the client sees 1006 and no reason. Here it gets the `error` frame
+    (`frame_too_large`) and close 4413, as docs/websocket.md says; the rest of the frame is
+    read and discarded while the closing handshake runs.
+    """
+    if "daphne.server" not in sys.modules:
+        return
+    from daphne.ws_protocol import WebSocketProtocol  # type: ignore[import-untyped]
+
+    def max_message_size_exceeded(self: Any, size: int, limit: int, reason: str) -> None:
+        self.failedByMe = True  # autobahn: ignore the rest of this message
+        if self.state == self.STATE_OPEN:
+            logger.info("closing a WebSocket: %s", reason)
+            self.sendMessage(_error(frame_too_large(size, limit)), isBinary=False)
+            self.sendClose(code=CLOSE_TOO_BIG, reason="frame too large")
+
+    WebSocketProtocol._max_message_size_exceeded = max_message_size_exceeded
+
+
 async def _close_all() -> None:
     consumers = list(_live)
     if consumers:
@@ -155,6 +207,8 @@ class BrokerConsumer(AsyncWebsocketConsumer):
     """One WebSocket connection: its key, its subscriptions, and their push tasks."""
 
     principal: Principal | None
+    token: str | None
+    key_check: "asyncio.Task[None] | None"
     subs: dict[str, Subscription]
     closed: asyncio.Event
     publishing: "set[asyncio.Task[None]]"
@@ -170,8 +224,7 @@ class BrokerConsumer(AsyncWebsocketConsumer):
         with contextlib.suppress(Exception):
             await self.close(code=CLOSE_GOING_AWAY)
         # Twisted drops unwritten data when the reactor stops: wait for the client's close.
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.closed.wait(), CLOSE_WAIT_S)
+        await wait_for_event(self.closed, CLOSE_WAIT_S)
 
     @override
     async def dispatch(self, message: dict[str, Any]) -> None:
@@ -186,6 +239,8 @@ class BrokerConsumer(AsyncWebsocketConsumer):
     @override
     async def connect(self) -> None:
         self.principal = None
+        self.token = None
+        self.key_check = None
         self.subs = {}
         self.closed = asyncio.Event()
         self.publishing = set()
@@ -201,12 +256,46 @@ class BrokerConsumer(AsyncWebsocketConsumer):
         except errors.BrokerError as exc:
             await self._send_raw(_error(exc))
             await self.close(code=CLOSE_UNAUTHENTICATED)
+            return
+        self._watch_key(token)
 
     @override
     async def disconnect(self, code: int) -> None:
         _live.discard(self)
         self.closed.set()
+        check = getattr(self, "key_check", None)
+        if check is not None:
+            check.cancel()
         await self._leave_all()
+
+    def _watch_key(self, token: str) -> None:
+        self.token = token
+        if self.key_check is None:
+            self.key_check = asyncio.create_task(self._check_key())
+
+    async def _check_key(self) -> None:
+        """Close the connection (4401) once its key no longer authenticates: revoked."""
+        while not self.closed.is_set():
+            await asyncio.sleep(KEY_CHECK_INTERVAL_S)
+            token = self.token
+            if keys.cached_principal(token) is not None:
+                continue
+            try:
+                await dbthreads.run(keys.authenticate, token)
+            except errors.Unauthenticated:
+                if token != self.token:
+                    continue  # an auth frame switched keys meanwhile
+                logger.info("closing a WebSocket: its key %r was revoked", self._key_name())
+                with contextlib.suppress(Exception):
+                    await self._send_raw(_error(errors.Unauthenticated("The API key was revoked.")))
+                    await self.close(code=CLOSE_UNAUTHENTICATED)
+                return
+            except Exception:
+                # The database is away: the next check tries again.
+                logger.warning("could not check a WebSocket's key", exc_info=True)
+
+    def _key_name(self) -> str | None:
+        return self.principal.name if self.principal is not None else None
 
     async def _leave_all(self) -> None:
         subs, self.subs = getattr(self, "subs", {}), {}
@@ -216,8 +305,9 @@ class BrokerConsumer(AsyncWebsocketConsumer):
     async def _stop(self, s: Subscription) -> None:
         if s.task is not None:
             s.task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await s.task
+            # asyncio.wait: the push task's end (cancelled, or failed) is not this task's; a
+            # cancellation of this task itself still propagates.
+            await asyncio.wait([s.task])
         if self.principal is not None:
             with contextlib.suppress(errors.MemberNotFound):
                 await dbthreads.run(membership.leave_group, self.principal, s.group, s.member_id)
@@ -240,12 +330,8 @@ class BrokerConsumer(AsyncWebsocketConsumer):
         near = isinstance(data, bytes) or len(data) * 4 > limit
         size = len(data.encode() if isinstance(data, str) else data) if near else 0
         if size > limit:
-            exc = FrameTooLarge(
-                f"The frame is {size} bytes; this server accepts at most {limit}.",
-                size=size,
-                limit=limit,
-            )
-            await self._send_raw(_error(exc))
+            # Under Daphne, hook_daphne() answers the same before the frame reaches us.
+            await self._send_raw(_error(frame_too_large(size, limit)))
             await self.close(code=CLOSE_TOO_BIG)
             return
         try:
@@ -313,6 +399,7 @@ class BrokerConsumer(AsyncWebsocketConsumer):
 
     async def on_auth(self, frame: frames.AuthFrame) -> None:
         self.principal = await dbthreads.run(keys.authenticate, frame.token)
+        self._watch_key(frame.token)
         await self._send_frame(
             {"type": "authenticated", "ref": frame.ref, "key": self.principal.name}
         )
@@ -331,7 +418,7 @@ class BrokerConsumer(AsyncWebsocketConsumer):
                 frame.group,
                 frame.topic,
                 frame.member_id,
-                filter=frame.filter,
+                filter=frame.filter.to_spec() if frame.filter is not None else None,
                 start="earliest" if frame.start == "committed" else frame.start,
                 start_timestamp_ms=frame.timestamp_ms,
             )
@@ -458,10 +545,30 @@ class BrokerConsumer(AsyncWebsocketConsumer):
             # The topic went away or the key lost its permission: the subscription ends.
             self.subs.pop(s.sub, None)
             await self._send_raw(_error(exc, sub=s.sub))
+            await self._leave_ended(s)
         except Exception:
             logger.exception("push task of subscription %s failed", s.sub)
             self.subs.pop(s.sub, None)
             await self._send_raw(_error(errors.BrokerError("The subscription failed."), sub=s.sub))
+            await self._leave_ended(s)
+
+    async def _leave_ended(self, s: Subscription) -> None:
+        """An ended subscription leaves its group at once: its messages go back to the others.
+
+        Before, its member stayed, holding up to prefetch messages in flight until the socket
+        closed (issue 9, item 1).
+        """
+        if self.principal is not None:
+            try:
+                await dbthreads.run(membership.leave_group, self.principal, s.group, s.member_id)
+            except errors.BrokerError:
+                pass  # gone already, or the key may no longer see it: expiry takes it
+            except Exception:
+                logger.exception("subscription %s could not leave its group", s.sub)
+        if not any(other.topic_id == s.topic_id for other in self.subs.values()):
+            await self.channel_layer.group_discard(
+                events.topic_group(s.topic_id), self.channel_name
+            )
 
     async def _push_loop(self, s: Subscription) -> None:
         loop = asyncio.get_running_loop()
@@ -488,13 +595,7 @@ class BrokerConsumer(AsyncWebsocketConsumer):
                     await self._heartbeat(s)
                 if result.deliveries:
                     s.credit -= len(result.deliveries)
-                    await self._send_frame(
-                        {
-                            "type": "messages",
-                            "sub": s.sub,
-                            "items": [wire.delivery_out(d) for d in result.deliveries],
-                        }
-                    )
+                    await self._push(s, result.deliveries)
                     continue
                 if result.filtered or result.expired:
                     continue  # the filter skipped a long run: keep scanning
@@ -502,9 +603,36 @@ class BrokerConsumer(AsyncWebsocketConsumer):
                 await self._heartbeat(s)
             # Wait for a wake-up (messages appended or returned, an ack, a credit frame), or
             # until the next heartbeat is due.
-            timeout = max(0.05, interval - (loop.time() - s.last_beat))
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(s.wake.wait(), timeout)
+            await wait_for_event(s.wake, max(0.05, interval - (loop.time() - s.last_beat)))
+
+    async def _push(self, s: Subscription, deliveries: Sequence[Delivery]) -> None:
+        """Send deliveries in `messages` frames of at most FERRY_WS_MAX_FRAME_BYTES each."""
+        limit = ferry_settings.get("WS_MAX_FRAME_BYTES")
+        head = b'{"type":"messages","sub":' + orjson.dumps(s.sub) + b',"items":['
+        tail = b"]}"
+        items: list[bytes] = []
+        size = len(head) + len(tail)
+        for d in deliveries:
+            item = orjson.dumps(wire.delivery_out(d))
+            if len(head) + len(item) + len(tail) > limit:
+                # Only a message whose headers JSON-escape to several times their size can get
+                # here (max_message_bytes_ceiling leaves room for the rest): say which one.
+                exc = PushTooLarge(
+                    partition=d.message.partition,
+                    offset=d.message.offset,
+                    receipt=d.receipt or None,
+                    size=len(item),
+                    limit=limit,
+                )
+                await self._send_raw(_error(exc, sub=s.sub))
+                continue
+            if items and size + 1 + len(item) > limit:
+                await self._send_raw(head + b",".join(items) + tail)
+                items, size = [], len(head) + len(tail)
+            size += len(item) + (1 if items else 0)
+            items.append(item)
+        if items:
+            await self._send_raw(head + b",".join(items) + tail)
 
     async def _heartbeat(self, s: Subscription) -> None:
         try:

@@ -1,19 +1,20 @@
 """Client frames of the WebSocket protocol under /ws/v1/ (docs/websocket.md); no rules live here."""
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, TypeAdapter
 
-from broker.schemas import ProduceIn
+from broker.schemas import DurationMs, FilterIn, Int64, ProduceIn, Receipt
 
 SubId = Annotated[str, Field(min_length=1, max_length=100)]
-Receipts = Annotated[list[str], Field(min_length=1, max_length=10_000)]
-Ref = str | int | None
+Receipts = Annotated[list[Receipt], Field(min_length=1, max_length=10_000)]
+# A ref is echoed as given: a string or an integer (not a boolean), bounded like one.
+Ref = StrictStr | Annotated[StrictInt, Field(ge=-(2**63), le=2**63 - 1)] | None
 
 
 class Frame(BaseModel):
-    # A misspelt field must not be silently dropped.
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    # A misspelt field must not be silently dropped; true is not 1 (strict, as REST bodies).
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, strict=True)
 
     ref: Ref = None
 
@@ -29,13 +30,13 @@ class SubscribeFrame(Frame):
     topic: str
     group: str
     member_id: str | None = None
-    filter: dict[str, Any] | None = None
-    prefetch: int = Field(100, ge=1, le=10_000)
+    filter: FilterIn | None = None
+    prefetch: StrictInt = Field(100, ge=1, le=10_000)
     # Where to begin where the group (broadcast: the member) has no position yet.
     start: Literal["committed", "earliest", "latest", "timestamp"] = Field(
         "committed", alias="from"
     )
-    timestamp_ms: int | None = None
+    timestamp_ms: Int64 | None = None
 
 
 class UnsubscribeFrame(Frame):
@@ -54,7 +55,7 @@ class NackFrame(Frame):
     sub: SubId
     receipts: Receipts
     error: str = ""
-    delay_ms: int | None = None
+    delay_ms: DurationMs | None = None
 
 
 class RejectFrame(Frame):
@@ -68,17 +69,17 @@ class ExtendFrame(Frame):
     type: Literal["extend"]
     sub: SubId
     receipts: Receipts
-    extend_ms: int
+    extend_ms: DurationMs
 
 
 class CreditFrame(Frame):
     type: Literal["credit"]
     sub: SubId
-    n: int = Field(ge=1, le=1_000_000)
+    n: StrictInt = Field(ge=1, le=1_000_000)
 
 
 class PublishFrame(ProduceIn):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     type: Literal["publish"]
     ref: Ref = None

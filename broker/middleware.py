@@ -1,12 +1,16 @@
-"""Middleware that keeps every /api/v1/ answer in the JSON error shape (docs/api.md)."""
+"""API middleware: the JSON error shape, and the budget of bodies being parsed (docs/api.md)."""
 
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
+import orjson
 from asgiref.sync import iscoroutinefunction
+from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 from django.utils.decorators import sync_and_async_middleware
 
 from broker import api
+from broker import settings as ferry_settings
 
 
 @sync_and_async_middleware
@@ -24,3 +28,80 @@ def api_json_errors(get_response: Callable) -> Callable:
         return api.json_errors_for_api(request, get_response(request))
 
     return middleware
+
+
+# Bytes of request bodies being read and parsed now, in this process (the event loop's only).
+_parsing_bytes = 0
+RETRY_AFTER_S = 1
+BODY_METHODS = {b"POST", b"PUT", b"PATCH"}
+
+AsgiApp = Callable[[Any, Any, Any], Coroutine[Any, Any, None]]
+
+
+def _body_size(scope: dict[str, Any]) -> int:
+    """What a request's body will take: its Content-Length, else the most a body may be."""
+    length = None
+    for name, value in scope.get("headers", ()):
+        if name == b"content-length":
+            try:
+                length = max(0, int(value))
+            except ValueError:
+                length = None
+    if length is not None:
+        return length
+    if scope.get("method", "").encode() in BODY_METHODS:
+        return int(settings.DATA_UPLOAD_MAX_MEMORY_SIZE)
+    return 0
+
+
+def parsing_budget(app: AsgiApp) -> AsgiApp:
+    """Bound the bytes of request bodies being read and parsed at once (FERRY_MAX_PARSING_BYTES).
+
+    Django reads a whole body before any view or middleware runs, so the bound is kept here, at
+    the ASGI level. A request that would go over it is answered at once, 503 `busy` with
+    `retry_after`, its body unread; one request alone is always let in, so a body as large as
+    FERRY_MAX_REQUEST_BYTES is never refused for the budget's sake.
+    """
+
+    async def budgeted(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        global _parsing_bytes
+        size = _body_size(scope) if scope["type"] == "http" else 0
+        if size == 0:
+            await app(scope, receive, send)
+            return
+        budget = ferry_settings.get("MAX_PARSING_BYTES")
+        if _parsing_bytes and _parsing_bytes + size > budget:
+            await _busy(send, budget)
+            return
+        _parsing_bytes += size
+        try:
+            await app(scope, receive, send)
+        finally:
+            _parsing_bytes -= size
+
+    return budgeted
+
+
+async def _busy(send: Any, budget: int) -> None:
+    body = orjson.dumps(
+        {
+            "error": {
+                "code": "busy",
+                "message": "The broker is reading as many request bodies as it may at once; "
+                f"retry after {RETRY_AFTER_S} s.",
+                "detail": {"retry_after": RETRY_AFTER_S, "max_parsing_bytes": budget},
+            }
+        }
+    )
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 503,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"retry-after", str(RETRY_AFTER_S).encode()),
+                (b"content-length", str(len(body)).encode()),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})

@@ -11,6 +11,8 @@ from pydantic import (
     ConfigDict,
     Field,
     PrivateAttr,
+    Strict,
+    StrictInt,
     StringConstraints,
     model_validator,
 )
@@ -38,20 +40,32 @@ class HealthOut(Schema):
 
 
 class In(Schema):
-    """Request bodies refuse unknown fields: a misspelt option must not be silently dropped."""
+    """Request bodies refuse unknown fields: a misspelt option must not be silently dropped.
 
-    model_config = ConfigDict(extra="forbid")
+    Strict: a boolean is not an integer (true is not 1), nor a number a boolean or a string.
+    """
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+# Every integer a request takes is bounded by the column that stores it (PostgreSQL integer or
+# bigint), so an absurd one is a 422, never an overflow in the database. The ranges that mean
+# something are the core's to check.
+Int32 = Annotated[StrictInt, Field(ge=-(2**31), le=2**31 - 1)]
+Int64 = Annotated[StrictInt, Field(ge=-(2**63), le=2**63 - 1)]
+# A duration in ms: wide, but now_ms() plus it still fits 64 bits.
+DurationMs = Annotated[StrictInt, Field(ge=-(2**53), le=2**53)]
 
 
 class TopicIn(In):
     name: str = Field(examples=["orders"])
-    partitions: int | None = Field(None, description="Default FERRY_DEFAULT_PARTITIONS (1).")
-    retention_ms: int | None = None
-    retention_bytes: int | None = None
-    max_message_bytes: int | None = None
-    capacity: int | None = Field(None, description="Maximum messages kept per partition.")
+    partitions: Int32 | None = Field(None, description="Default FERRY_DEFAULT_PARTITIONS (1).")
+    retention_ms: DurationMs | None = None
+    retention_bytes: Int64 | None = None
+    max_message_bytes: Int32 | None = None
+    capacity: Int64 | None = Field(None, description="Maximum messages kept per partition.")
     overflow_policy: Overflow = "reject"
-    message_ttl_ms: int | None = Field(
+    message_ttl_ms: DurationMs | None = Field(
         None, description="Messages older than this are dead-lettered instead of delivered."
     )
     trace: bool = Field(False, description="Record every message's delivery events.")
@@ -60,13 +74,13 @@ class TopicIn(In):
 class TopicPatch(In):
     """Fields to change; a field left out keeps its value, null clears a limit."""
 
-    partitions: int | None = None
-    retention_ms: int | None = None
-    retention_bytes: int | None = None
-    max_message_bytes: int | None = None
-    capacity: int | None = None
+    partitions: Int32 | None = None
+    retention_ms: DurationMs | None = None
+    retention_bytes: Int64 | None = None
+    max_message_bytes: Int32 | None = None
+    capacity: Int64 | None = None
     overflow_policy: Overflow | None = None
-    message_ttl_ms: int | None = None
+    message_ttl_ms: DurationMs | None = None
     trace: bool | None = None
 
 
@@ -95,7 +109,8 @@ class TopicOut(Schema):
 
 
 class PurgeTopicIn(In):
-    up_to: dict[int, int] | None = Field(
+    # JSON object keys are strings: the partition numbers alone are parsed from them.
+    up_to: dict[Annotated[Int32, Strict(False)], Int64] | None = Field(
         None,
         examples=[{"0": 10}],
         description="Per partition, remove the messages below this offset; left out: all.",
@@ -107,11 +122,6 @@ class PurgeTopicOut(Schema):
     partition_offsets: list[PartitionOut]
 
 
-# A 64-bit integer, what the database column holds: a past deliver_at_ms is stored as given, so
-# a wider one would overflow there. The ranges that mean something are the core's to check.
-Int64 = Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]
-
-
 class MessageIn(TypedDict):
     """One message: exactly one of value (any JSON) or value_b64 (raw bytes, base64).
 
@@ -120,22 +130,23 @@ class MessageIn(TypedDict):
 
     # A TypedDict, not a model: validating a thousand plain dicts costs a fifth of building a
     # thousand model instances, on the produce hot path (docs/benchmarks.md).
-    __pydantic_config__ = ConfigDict(extra="forbid")  # type: ignore[misc]
+    __pydantic_config__ = ConfigDict(extra="forbid", strict=True)  # type: ignore[misc]
 
     value: NotRequired[Any]
     value_b64: NotRequired[str | None]
     key: NotRequired[Annotated[str, StringConstraints(max_length=1024)] | None]
     tag: NotRequired[Annotated[str, StringConstraints(max_length=200)] | None]
     headers: NotRequired[dict[str, str]]
-    partition: NotRequired[int | None]
+    partition: NotRequired[Int32 | None]
     id: NotRequired[Annotated[str, StringConstraints(min_length=1, max_length=200)] | None]
     delay_ms: NotRequired[Int64 | None]
     deliver_at_ms: NotRequired[Int64 | None]
     level: NotRequired[Int64 | None]
+    timestamp_ms: NotRequired[Int64 | None]
 
 
 class ProduceIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     messages: list[MessageIn] = Field(min_length=1)
     _new_messages: list[NewMessage] = PrivateAttr(default_factory=list)
@@ -149,7 +160,11 @@ class ProduceIn(BaseModel):
             if ("value" in m) == (value_b64 is not None):
                 raise ValueError(f"messages.{index}: give exactly one of value or value_b64")
             if value_b64 is None:
-                value, is_json = orjson.dumps(m["value"]), True
+                try:
+                    value, is_json = orjson.dumps(m["value"]), True
+                except orjson.JSONEncodeError as exc:
+                    # Nested deeper than the encoder goes (254 levels), or not JSON at all.
+                    raise ValueError(f"messages.{index}: value cannot be stored: {exc}") from None
             else:
                 try:
                     value, is_json = base64.b64decode(value_b64, validate=True), False
@@ -167,6 +182,7 @@ class ProduceIn(BaseModel):
                     m.get("delay_ms"),
                     m.get("deliver_at_ms"),
                     m.get("level"),
+                    m.get("timestamp_ms"),
                 )
             )
         self._new_messages = converted
@@ -248,8 +264,8 @@ class OffsetsOut(Schema):
 
 class PollIn(In):
     topic: str
-    max_messages: int = 100
-    max_wait_ms: int = 0
+    max_messages: Int32 = 100
+    max_wait_ms: Int32 = 0
     auto_commit: bool = Field(
         False,
         description="Settle the messages as they are handed out (at most once). Without a "
@@ -296,7 +312,7 @@ class JoinIn(In):
         description="Where the group (broadcast: this member) starts on partitions where it "
         "has no position yet; an existing position is kept.",
     )
-    start_timestamp_ms: int | None = Field(None, description="With start: timestamp.")
+    start_timestamp_ms: Int64 | None = Field(None, description="With start: timestamp.")
 
     def filter_spec(self) -> dict[str, Any] | None:
         return self.filter.to_spec() if self.filter is not None else None
@@ -317,8 +333,8 @@ class MemberOut(Schema):
 
 
 class PartitionOffsetIn(In):
-    partition: int
-    offset: int
+    partition: Int32
+    offset: Int64
 
 
 class PartitionOffsetOut(Schema):
@@ -352,7 +368,7 @@ class CommitIn(In):
     member_id: str | None = Field(
         None, description="Commit as this member: only partitions it holds (fenced)."
     )
-    generation: int | None = Field(
+    generation: Int64 | None = Field(
         None, description="The generation the member last saw; refused if the group moved on."
     )
 
@@ -361,14 +377,14 @@ class GroupPatch(In):
     """Group settings to change; a field left out keeps its value."""
 
     strategy: Literal["range", "round_robin", "sticky"] | None = None
-    session_timeout_ms: int | None = None
+    session_timeout_ms: Int32 | None = None
     mode: Literal["clustering", "broadcast"] | None = Field(
         None, description="Changes only while the group has no members."
     )
     ordered: bool | None = None
-    ack_deadline_ms: int | None = None
-    max_attempts: int | None = None
-    retry_delays_ms: list[int] | None = Field(
+    ack_deadline_ms: Int32 | None = None
+    max_attempts: Int32 | None = None
+    retry_delays_ms: list[Int32] | None = Field(
         None, description="The backoff per retry; [] means RocketMQ's levels."
     )
 
@@ -378,9 +394,9 @@ class ResetIn(In):
 
     topic: str
     to: Literal["earliest", "latest", "timestamp", "offsets", "shift"]
-    timestamp_ms: int | None = None
+    timestamp_ms: Int64 | None = None
     offsets: list[PartitionOffsetIn] | None = None
-    shift_by: int | None = Field(
+    shift_by: Int64 | None = Field(
         None, description='With to "shift": move each committed offset by this (negative replays).'
     )
     force: bool = False
@@ -467,8 +483,18 @@ class OverviewOut(Schema):
 
 # Acknowledged delivery: settle what a member poll handed out, by receipt.
 
+# <token: 16 hex>.<partition id: hex>.<offset: hex>, as core/delivery/inflight.py makes them;
+# each number fits 63 bits, and the whole is at most 40 characters.
+RECEIPT_PATTERN = (
+    r"^[0-9a-f]{16}\.(?:[0-7][0-9a-f]{15}|[0-9a-f]{1,15})\.(?:[0-7][0-9a-f]{15}|[0-9a-f]{1,15})$"
+)
+Receipt = Annotated[
+    str,
+    StringConstraints(max_length=40, pattern=RECEIPT_PATTERN),
+    Field(examples=["9d2e4f6a8b0c1d3e.2a.1f4"]),
+]
 Receipts = Annotated[
-    list[str],
+    list[Receipt],
     Field(min_length=1, description="Receipts from a member poll (at most max_messages)."),
 ]
 
@@ -480,7 +506,7 @@ class AckIn(In):
 class NackIn(In):
     receipts: Receipts
     error: str = Field("", description="Why it failed; kept with the retry and the dead letter.")
-    delay_ms: int | None = Field(
+    delay_ms: DurationMs | None = Field(
         None, description="Redeliver after this long; left out, the group's backoff."
     )
 
@@ -492,7 +518,7 @@ class RejectIn(In):
 
 class ExtendIn(In):
     receipts: Receipts
-    extend_ms: int = Field(description="The new deadline is now + extend_ms.")
+    extend_ms: DurationMs = Field(description="The new deadline is now + extend_ms.")
 
 
 class SettleOut(Schema):
@@ -524,7 +550,7 @@ class DeadLetterPageOut(Schema):
     next_after_id: int | None = Field(description="Pass as after_id for the next page.")
 
 
-DeadLetterId = Annotated[int, Field(ge=0, le=2**63 - 1)]
+DeadLetterId = Annotated[StrictInt, Field(ge=0, le=2**63 - 1)]
 
 
 class DeadLetterSelectionIn(In):
@@ -558,9 +584,10 @@ class PurgeOut(Schema):
 
 
 class RedriveJobIn(DeadLetterSelectionIn):
-    rate_per_second: int = Field(
+    rate_per_second: StrictInt = Field(
         500,
         ge=1,
+        le=2**31 - 1,
         description="Letters per second at most (capped by FERRY_MAX_REDRIVE_RATE_PER_SECOND).",
     )
     dry_run: bool = Field(False, description="Only count the letters the job would take.")
@@ -640,7 +667,9 @@ class ApiKeyCreatedOut(ApiKeyOut):
 
 
 class RescheduleIn(In):
-    deliver_at_ms: int = Field(ge=0, le=2**63 - 1, description="The new due time, ms since 1970.")
+    deliver_at_ms: StrictInt = Field(
+        ge=0, le=2**63 - 1, description="The new due time, ms since 1970."
+    )
 
 
 class AuditEntryOut(Schema):

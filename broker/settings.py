@@ -38,8 +38,15 @@ class Defaults:
     ACK_SWEEP_INTERVAL_SECONDS: float = 1.0
     # The longest ack deadline a group or an extend may ask for.
     MAX_ACK_DEADLINE_MS: int = 12 * 3600 * 1000
-    # WebSocket: a client frame larger than this closes the connection (code 1009).
+    # WebSocket: the largest frame (message) the server accepts or sends; a larger client frame
+    # gets an error frame and close 4413. Daphne must be started with the same number
+    # (--websocket-max-message-size, scripts/run). It also bounds a topic's max_message_bytes
+    # (max_message_bytes_ceiling), so that every stored message can be pushed.
     WS_MAX_FRAME_BYTES: int = 16 * 1024 * 1024
+    # REST: request bodies being read and parsed at once, in bytes, per process; a request that
+    # would go over it waits for none and gets 503 busy with retry_after (docs/api.md#limits).
+    # A body without Content-Length counts as FERRY_MAX_REQUEST_BYTES.
+    MAX_PARSING_BYTES: int = 256 * 1024 * 1024
     # WebSocket push: messages per `messages` frame at most.
     WS_PUSH_BATCH: int = 2000
     # Message trace events are kept this long, and purged this often.
@@ -82,3 +89,18 @@ def get(name: str) -> Any:
         return getattr(django_settings, full_name)
     raw = os.environ.get(full_name)
     return default if raw is None else _convert(raw, default)
+
+
+# Room in a push frame for everything but a message's value: the frame's envelope, the tag,
+# id, key (1024 characters, JSON-escaped), receipt and numbers.
+PUSH_FRAME_OVERHEAD_BYTES = 64 * 1024
+
+
+def max_message_bytes_ceiling() -> int:
+    """The largest max_message_bytes a topic may have: such a message fits one push frame.
+
+    A raw value goes out base64-encoded (4 bytes for 3), so the value may take three quarters of
+    the frame left after PUSH_FRAME_OVERHEAD_BYTES (docs/websocket.md#limits).
+    """
+    frame = int(get("WS_MAX_FRAME_BYTES"))
+    return max(1, (frame - PUSH_FRAME_OVERHEAD_BYTES) * 3 // 4)

@@ -18,7 +18,7 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.conf import settings  # noqa: E402
 from django.core.handlers.asgi import ASGIHandler  # noqa: E402
 
-from broker import background, routing  # noqa: E402
+from broker import background, consumers, middleware, routing  # noqa: E402
 from dashboard import routing as dashboard_routing  # noqa: E402
 
 API_PREFIX = "/api/v1/"
@@ -49,8 +49,12 @@ class ApiHandler(ASGIHandler):
 api_asgi_app = ApiHandler()
 
 
+# Bodies being parsed at once are bounded (503 busy beyond FERRY_MAX_PARSING_BYTES).
+budgeted_api_app = middleware.parsing_budget(api_asgi_app)
+
+
 async def http_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
-    app = api_asgi_app if scope["path"].startswith(API_PREFIX) else django_asgi_app
+    app = budgeted_api_app if scope["path"].startswith(API_PREFIX) else django_asgi_app
     await app(scope, receive, send)
 
 
@@ -69,6 +73,7 @@ application = ProtocolTypeRouter(
 )
 
 background.start()
+consumers.hook_daphne()
 
 # The server's long-lived objects (Django, Ninja, pydantic schemas) are moved out of the
 # collector's reach, and young collections run less often: a produce batch allocates thousands

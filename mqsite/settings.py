@@ -1,6 +1,8 @@
 """Django settings for Ferry, from the environment with embedded defaults (docs/architecture.md)."""
 
+import contextlib
 import os
+import secrets
 from pathlib import Path
 from typing import Any, cast
 
@@ -17,11 +19,42 @@ def env_bool(name: str, default: bool) -> bool:
     return value.strip().lower() in {"1", "true", "yes", "on"}
 
 
+def private_file(path: Path) -> None:
+    """Make path readable by its owner only (0600), creating it empty if missing."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+    os.close(fd)
+    with contextlib.suppress(PermissionError):
+        path.chmod(0o600)
+
+
+def data_dir_secret_key(data_dir: Path) -> str:
+    """The data directory's own SECRET_KEY: made on first start, kept in secret_key (0600).
+
+    Written to a private temporary file and linked into place, so that processes starting
+    together agree on one key and none reads a half-written file.
+    """
+    if not data_dir.is_dir():
+        # Nothing is served from a missing data directory (scripts/run makes it, 0700), and a
+        # settings import must not make one: a throwaway key lets the command say what is wrong.
+        return secrets.token_urlsafe(50)
+    path = data_dir / "secret_key"
+    if not path.exists():
+        private_file(tmp := data_dir / f".secret_key.{os.getpid()}")
+        try:
+            tmp.write_text(secrets.token_urlsafe(50))
+            with contextlib.suppress(FileExistsError):
+                os.link(tmp, path)
+        finally:
+            tmp.unlink()
+    with contextlib.suppress(PermissionError):
+        path.chmod(0o600)
+    return path.read_text().strip()
+
+
 DEBUG = env_bool("DJANGO_DEBUG", False)
-# The embedded default listens on loopback only; a deployment sets its own key and hosts.
-SECRET_KEY = os.environ.get(
-    "DJANGO_SECRET_KEY", "ferry-embedded-insecure-key-set-DJANGO_SECRET_KEY"
-)
+# A deployment sets its own key; otherwise each data directory has one, never a shared default
+# (anyone could forge sessions signed with it).
+SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY") or data_dir_secret_key(DATA_DIR)
 ALLOWED_HOSTS = os.environ.get(
     "DJANGO_ALLOWED_HOSTS", "127.0.0.1,localhost,[::1],testserver"
 ).split(",")
@@ -86,6 +119,9 @@ def database_config() -> dict[str, Any]:
         # dj_database_url's DBConfig TypedDict is a plain dict at run time.
         return cast(dict[str, Any], config)
     synchronous = os.environ.get("FERRY_SQLITE_SYNCHRONOUS", "FULL")
+    # Created 0600 before SQLite opens it; SQLite gives its -wal and -shm files the same mode.
+    if DATA_DIR.is_dir():
+        private_file(DATA_DIR / "ferry.sqlite3")
     return {
         "ENGINE": "django.db.backends.sqlite3",
         "NAME": DATA_DIR / "ferry.sqlite3",
@@ -139,6 +175,18 @@ STATICFILES_DIRS = [BASE_DIR / "static"]
 # WhiteNoise serves admin, API docs and dashboard assets straight from the apps' static
 # folders, so the embedded run needs no collectstatic step and no web server in front.
 WHITENOISE_USE_FINDERS = True
+
+# Served over HTTPS (a TLS proxy in front of Daphne): FERRY_HTTPS=1 sends session and CSRF
+# cookies only over HTTPS and turns on HSTS (docs/architecture.md#settings).
+FERRY_HTTPS = env_bool("FERRY_HTTPS", False)
+if FERRY_HTTPS:
+    SESSION_COOKIE_SECURE = True
+    CSRF_COOKIE_SECURE = True
+    SECURE_HSTS_SECONDS = int(os.environ.get("FERRY_HSTS_SECONDS", 365 * 24 * 3600))
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("FERRY_HSTS_INCLUDE_SUBDOMAINS", False)
+    # The proxy tells the scheme the client used; trusted only when Ferry is told it is there.
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    SECURE_SSL_REDIRECT = env_bool("FERRY_SSL_REDIRECT", False)
 
 LOGIN_URL = "/login/"
 LOGIN_REDIRECT_URL = "/"

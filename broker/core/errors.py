@@ -33,8 +33,18 @@ class MalformedJson(InvalidRequest):
     code = "malformed_json"
 
 
+class MemberIdTaken(BrokerError):
+    """That member id is in use in the group for another topic: leave first, or pick another."""
+
+    code = "member_id_taken"
+    template = (
+        "Member {member_id!r} of group {group!r} consumes another topic: "
+        "leave first, or pick another id."
+    )
+
+
 class InvalidTopicName(InvalidRequest):
-    """Topic names are 1 to 200 characters from A-Z, a-z, 0-9, '.', '_' and '-'."""
+    """Topic names are 1 to 200 characters from A-Z, a-z, 0-9, '.', '_' and '-', not only dots."""
 
     code = "invalid_topic_name"
 

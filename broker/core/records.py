@@ -104,6 +104,8 @@ class NewMessage(NamedTuple):
     delay_ms: int | None = None
     deliver_at_ms: int | None = None
     delay_level: int | None = None
+    # The producer's timestamp (Kafka's CreateTime); None: the broker's clock at append.
+    timestamp_ms: int | None = None
 
     @property
     def is_delayed(self) -> bool:

@@ -71,7 +71,9 @@ def cancel_scheduled(principal: Principal, scheduled_id: int) -> ScheduledInfo:
         )
         if row is None:
             raise errors.ScheduledNotFound(id=scheduled_id)
-        keys.require(principal, row.topic.name, "produce")
+        if not keys.allows(principal, row.topic.name, "produce"):
+            # What the key may not see answers as if it did not exist (issue 9, item 10).
+            raise errors.ScheduledNotFound(id=scheduled_id)
         info = _info(row, row.topic.name)
         row.delete()
     return info
@@ -169,7 +171,9 @@ def _change_due(principal: Principal, scheduled_id: int, due: int) -> ScheduledI
         )
         if row is None:
             raise errors.ScheduledNotFound(id=scheduled_id)
-        keys.require(principal, row.topic.name, "produce")
+        if not keys.allows(principal, row.topic.name, "produce"):
+            # What the key may not see answers as if it did not exist (issue 9, item 10).
+            raise errors.ScheduledNotFound(id=scheduled_id)
         row.due_ms = due
         row.save(update_fields=["due_ms"])
         return _info(row, row.topic.name)

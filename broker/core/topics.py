@@ -15,7 +15,8 @@ from broker import settings as ferry_settings
 from broker.core import errors, keys
 from broker.core.records import PartitionInfo, Principal, TopicInfo
 
-NAME_RE = re.compile(r"[A-Za-z0-9._-]{1,200}")
+# Not dots alone: ".", ".." and "..." are path segments that URL clients rewrite (RFC 3986).
+NAME_RE = re.compile(r"(?!\.+$)[A-Za-z0-9._-]{1,200}")
 OVERFLOW_POLICIES = tuple(models.Topic.Overflow.values)
 _UNSET = object()
 
@@ -68,6 +69,14 @@ def _validate_limits(
     ):
         if value is not None and value < 1:
             raise errors.InvalidRequest(f"{field} must be at least 1.", field=field, value=value)
+    # Every stored message must fit one WebSocket push frame (docs/websocket.md#limits).
+    ceiling = ferry_settings.max_message_bytes_ceiling()
+    if max_message_bytes is not None and max_message_bytes > ceiling:
+        raise errors.InvalidRequest(
+            f"max_message_bytes must be at most {ceiling} (FERRY_WS_MAX_FRAME_BYTES).",
+            field="max_message_bytes",
+            value=max_message_bytes,
+        )
     if overflow_policy is not None and overflow_policy not in OVERFLOW_POLICIES:
         raise errors.InvalidRequest(
             f"overflow_policy must be one of {', '.join(OVERFLOW_POLICIES)}.",
@@ -112,7 +121,11 @@ def create_topic(
                 partition_count=partitions,
                 retention_ms=retention_ms,
                 retention_bytes=retention_bytes,
-                max_message_bytes=max_message_bytes or ferry_settings.get("MAX_MESSAGE_BYTES"),
+                max_message_bytes=max_message_bytes
+                or min(
+                    ferry_settings.get("MAX_MESSAGE_BYTES"),
+                    ferry_settings.max_message_bytes_ceiling(),
+                ),
                 capacity=capacity,
                 overflow_policy=overflow_policy,
                 message_ttl_ms=message_ttl_ms,

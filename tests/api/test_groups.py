@@ -297,3 +297,19 @@ def test_describe_group__broadcast_member_offsets(api_client, orders):
 
     in_flight = {t["member"]: t["partitions"][0]["in_flight"] for t in topics}
     assert in_flight == {"a": 2, "b": 0}
+
+
+def test_get_group__dead_letters_only_of_visible_topics(api_client, client_factory, topic_factory):
+    """Issue 9, item 10: a key does not learn of letters on topics it may not consume."""
+    from broker.core import delivery, keys, log, membership
+    from broker.core.records import NewMessage
+
+    for name in ("seen", "unseen"):
+        topic_factory(name)
+        log.append_messages(keys.CONSOLE, name, [NewMessage(b"1")])
+        membership.join_group(keys.CONSOLE, "G", name, f"m-{name}")
+        (d,) = delivery.deliver_messages(keys.CONSOLE, "G", name, f"m-{name}", 1).deliveries
+        delivery.reject_messages(keys.CONSOLE, "G", [d.receipt])
+    assert api_client.get("/api/v1/groups/G").json()["dead_letters"] == 2
+    assert client_factory("consume:seen").get("/api/v1/groups/G").json()["dead_letters"] == 1
+    assert client_factory("produce:*").get("/api/v1/groups/G").json()["dead_letters"] == 0

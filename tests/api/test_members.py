@@ -290,3 +290,38 @@ def test_join_group__start_latest(api_client, topic_factory):
         content_type="application/json",
     ).json()
     assert polled["messages"] == []
+
+
+def test_join__member_id_of_another_topic_is_409(
+    api_client, client_factory, orders, topic_factory, error_of
+):
+    topic_factory("x")
+    assert join(api_client, "G", orders, member_id="worker-1").status_code == 201
+    polled = poll(api_client, "G", orders, member_id="worker-1", max_messages=5)
+    in_flight = [m["receipt"] for m in polled.json()["messages"]]
+    assert in_flight
+    # A key that may consume only "x" tries to take over the "orders" consumer's id.
+    other = client_factory("consume:x")
+    taken = join(other, "G", "x", member_id="worker-1")
+    assert error_of(taken) == (409, "member_id_taken")
+    assert "orders" not in taken.json()["error"]["message"]
+    # The member is untouched: same topic, same partitions, its messages still its own.
+    again = heartbeat(api_client, "G", "worker-1").json()
+    assert (again["topic"], again["partitions"]) == (orders, [0, 1, 2, 3])
+    acked = api_client.post("/api/v1/groups/G/ack", {"receipts": in_flight}, content_type=JSON)
+    assert acked.json()["settled"] == len(in_flight)
+    # Rejoining for its own topic is still a rejoin.
+    assert join(api_client, "G", orders, member_id="worker-1").status_code == 201
+
+
+def test_heartbeat_and_leave__another_topics_member_is_not_found(
+    api_client, client_factory, orders, topic_factory, error_of
+):
+    """Issue 9, item 10: not 403 naming the member's topic, but as if it did not exist."""
+    topic_factory("x")
+    assert join(api_client, "G", orders, member_id="worker-1").status_code == 201
+    other = client_factory("consume:x")
+    for response in (heartbeat(other, "G", "worker-1"), leave(other, "G", "worker-1")):
+        assert error_of(response) == (404, "member_not_found")
+        assert "orders" not in response.content.decode()
+    assert heartbeat(api_client, "G", "worker-1").status_code == 200

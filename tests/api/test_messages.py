@@ -266,3 +266,32 @@ def test_produce__unknown_message_field_rejected(api_client, topic_factory, end_
     assert response.status_code == 422
     assert response.json()["error"]["detail"]["errors"][0]["loc"] == ["messages", 0, "delay"]
     assert end_offsets("orders") == [0]
+
+
+def test_produce__producer_timestamp_is_kept(api_client, topic_factory, error_of):
+    topic_factory("orders")
+    before = int(time.time() * 1000)
+    response = produce(
+        api_client, "orders", {"value": 1, "timestamp_ms": 1_600_000_000_000}, {"value": 2}
+    )
+    assert response.status_code == 200
+    stamped, unstamped = fetch(api_client, "orders").json()["messages"]
+    assert stamped["timestamp_ms"] == 1_600_000_000_000
+    assert unstamped["timestamp_ms"] >= before
+
+
+@pytest.mark.parametrize(
+    ("message", "status", "code"),
+    [
+        ({"value": 1, "timestamp_ms": -1}, 400, "invalid_message"),
+        ({"value": 1, "timestamp_ms": 1_600_000_000_000, "delay_ms": 1000}, 400, "invalid_message"),
+        ({"value": 1, "timestamp_ms": True}, 422, "validation_error"),
+        ({"value": 1, "timestamp_ms": "1600000000000"}, 422, "validation_error"),
+    ],
+)
+def test_produce__bad_producer_timestamp(
+    api_client, topic_factory, error_of, message, status, code
+):
+    topic_factory("orders")
+    assert error_of(produce(api_client, "orders", message)) == (status, code)
+    assert fetch(api_client, "orders").json()["messages"] == []

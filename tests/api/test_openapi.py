@@ -59,3 +59,26 @@ def test_docs__short_url_redirects(client):
 
     assert response.status_code == 302
     assert response["Location"] == "/api/v1/docs"
+
+
+def test_openapi__documents_errors_and_name_patterns(client):
+    schema = client.get("/api/v1/openapi.json").json()
+    assert set(schema["components"]["schemas"]["ErrorOut"]["properties"]) == {"error"}
+    get_topic = schema["paths"]["/api/v1/topics/{name}"]["get"]
+    for status in ("400", "401", "403", "404", "422", "500", "503"):
+        error = get_topic["responses"][status]["content"]["application/json"]["schema"]
+        assert error == {"$ref": "#/components/schemas/ErrorOut"}
+    assert "`topic_not_found`" in get_topic["responses"]["404"]["description"]
+    (name,) = get_topic["parameters"]
+    assert name["schema"]["pattern"] == "^[A-Za-z0-9._-]{1,200}$"
+    health = schema["paths"]["/api/v1/health"]["get"]["responses"]
+    assert "401" not in health
+    assert "500" in health
+
+
+def test_openapi__integer_ranges(client):
+    schemas = client.get("/api/v1/openapi.json").json()["components"]["schemas"]
+    partitions = schemas["TopicIn"]["properties"]["partitions"]["anyOf"][0]
+    assert (partitions["minimum"], partitions["maximum"]) == (-(2**31), 2**31 - 1)
+    offset = schemas["PartitionOffsetIn"]["properties"]["offset"]
+    assert (offset["minimum"], offset["maximum"]) == (-(2**63), 2**63 - 1)

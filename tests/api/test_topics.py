@@ -188,3 +188,9 @@ def test_alter_topic__ttl_and_trace(api_client, topic_factory):
 
     assert (set_["message_ttl_ms"], set_["trace"]) == (60_000, True)
     assert (cleared["message_ttl_ms"], cleared["trace"]) == (None, True)
+
+
+@pytest.mark.parametrize("name", [".", "..", "..."])
+def test_create_topic__dots_alone_are_refused(api_client, error_of, name):
+    response = api_client.post("/api/v1/topics", {"name": name}, content_type="application/json")
+    assert error_of(response) == (400, "invalid_topic_name")

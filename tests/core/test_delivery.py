@@ -302,14 +302,28 @@ def test_nack_messages__middle_of_a_run(topic_factory, console):
     assert (result.settled, result.stale) == (1, (got[1].receipt,))
 
 
-def test_ack_messages__wrong_token_or_garbage_is_stale(topic_factory, console):
+def test_ack_messages__wrong_token_is_stale(topic_factory, console):
     topic = topic_factory().name
     produce(console, topic, 1)
     joined(console, topic)
     (d,) = deliver(console, topic)
     forged = "00000000." + d.receipt.split(".", 1)[1]
-    result = delivery.ack_messages(console, "g", [forged, "nonsense", "a.zz.1"])
-    assert (result.settled, len(result.stale)) == (0, 3)
+    result = delivery.ack_messages(console, "g", [forged])
+    assert (result.settled, len(result.stale)) == (0, 1)
+    assert runs() == [(0, 0, "delivered")]
+
+
+@pytest.mark.parametrize(
+    "garbage", ["nonsense", "a.zz.1", "a.ffffffffffffffffffff.1", "a.+1.2", "a.1_0.2", "a. 1.2"]
+)
+def test_ack_messages__malformed_receipt_is_refused(topic_factory, console, garbage):
+    topic = topic_factory().name
+    produce(console, topic, 1)
+    joined(console, topic)
+    (d,) = deliver(console, topic)
+    with pytest.raises(errors.InvalidRequest) as refused:
+        delivery.ack_messages(console, "g", [d.receipt, garbage])
+    assert refused.value.detail == {"receipts": [garbage]}
     assert runs() == [(0, 0, "delivered")]
 
 

@@ -121,14 +121,26 @@ def test_deliver_messages__counts_as_heartbeat(topic_factory, console):
     assert membership.expire_members() == 0
 
 
-def test_join_group__switch_topic_rebalances_both(topic_factory, console):
+def test_join_group__member_id_of_another_topic_is_refused(topic_factory, console):
     first = topic_factory(partitions=2)
     second = topic_factory(partitions=2)
     membership.join_group(console, "g", first.name, "a")
+    with pytest.raises(errors.MemberIdTaken) as taken:
+        membership.join_group(console, "g", second.name, "a")
+    assert taken.value.detail == {"group": "g", "member_id": "a"}
+    leases = dict(models.PartitionLease.objects.values_list("partition__topic__name", "member_id"))
+    assert leases == {first.name: "a"}
+
+
+def test_join_group__switch_topic_after_leaving_rebalances_both(topic_factory, console):
+    first = topic_factory(partitions=2)
+    second = topic_factory(partitions=2)
+    membership.join_group(console, "g", first.name, "a")
+    membership.leave_group(console, "g", "a")
     membership.join_group(console, "g", second.name, "a")
     leases = dict(models.PartitionLease.objects.values_list("partition__topic__name", "member_id"))
     assert leases[second.name] == "a"
-    assert leases[first.name] is None
+    assert leases.get(first.name) is None
 
 
 def test_list_groups__members_and_generation(topic_factory, console):

@@ -16,10 +16,12 @@ CONSOLE = keys.CONSOLE
 def make_dead(topic_name, n, group="g"):
     """n rejected messages of topic_name in group's dead-letter queue; returns their ids."""
     log.append_messages(CONSOLE, topic_name, [NewMessage(orjson.dumps(i)) for i in range(n)])
-    membership.join_group(CONSOLE, group, topic_name, "m")
+    # One member per topic: a member id belongs to one topic (issue 9, item 4).
+    member = f"m-{topic_name}"
+    membership.join_group(CONSOLE, group, topic_name, member)
     receipts: list[str] = []
     while len(receipts) < n:
-        result = delivery.deliver_messages(CONSOLE, group, topic_name, "m", 1000)
+        result = delivery.deliver_messages(CONSOLE, group, topic_name, member, 1000)
         receipts += [d.receipt for d in result.deliveries]
     delivery.reject_messages(CONSOLE, group, receipts, error="bad")
     return list(
@@ -115,7 +117,7 @@ def test_run_redrive_jobs__throttled_chunks(topic_factory, settings):
     assert models.DeadLetter.objects.count() == 0
     assert set(redriven_events().values()) == {1}
     # The redriven messages are delivered again.
-    again = delivery.deliver_messages(CONSOLE, "g", "a", "m", 100)
+    again = delivery.deliver_messages(CONSOLE, "g", "a", "m-a", 100)
     assert len(again.deliveries) == 25
 
 

@@ -124,7 +124,7 @@ def test_cancel_scheduled__then_gone(topic_factory, console, key_factory):
     [result] = log.append_messages(console, topic.name, [delayed(1, delay_ms=60_000)])
     assert result.scheduled_id is not None
     reader, _ = key_factory("consume:orders")
-    with pytest.raises(errors.PermissionDenied):
+    with pytest.raises(errors.ScheduledNotFound):
         scheduling.cancel_scheduled(reader, result.scheduled_id)
     info = scheduling.cancel_scheduled(console, result.scheduled_id)
     assert info.topic == "orders"
@@ -215,7 +215,7 @@ def test_deliver_now__released_on_next_tick(topic_factory, console, key_factory)
     topic = topic_factory()
     (sid,) = _schedule(console, topic.name, 3_600_000)
     consumer, _ = key_factory(f"consume:{topic.name}")
-    with pytest.raises(errors.PermissionDenied):
+    with pytest.raises(errors.ScheduledNotFound):
         scheduling.deliver_now(consumer, sid)
     info = scheduling.deliver_now(console, sid)
     assert info.deliver_at_ms <= log.now_ms()

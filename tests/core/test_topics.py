@@ -19,11 +19,24 @@ def test_create_topic__defaults(db, console):
     ]
 
 
-@pytest.mark.parametrize("name", ["", "bad name", "a/b", "x" * 201, "ü"])
+@pytest.mark.parametrize("name", ["", "bad name", "a/b", "x" * 201, "ü", ".", "..", "..."])
 def test_create_topic__bad_name(db, console, name):
     with pytest.raises(errors.InvalidTopicName):
         topics.create_topic(console, name)
     assert not models.Topic.objects.exists()
+
+
+@pytest.mark.parametrize("name", [".a", "a..", "..b.", "-", "_"])
+def test_create_topic__dots_with_other_characters_are_fine(db, console, name):
+    assert topics.create_topic(console, name).name == name
+
+
+def test_group_and_member_names__not_dots_alone(topic_factory, console):
+    topic = topic_factory().name
+    with pytest.raises(errors.InvalidRequest):
+        groups.validate_group_name("..")
+    with pytest.raises(errors.InvalidRequest):
+        membership.join_group(console, "g", topic, "..")
 
 
 def test_create_topic__bad_options(db, console):

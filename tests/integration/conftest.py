@@ -13,6 +13,8 @@ import httpx
 import pytest
 from django.db import connection
 
+from broker import settings as ferry_settings
+
 ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 30
 
@@ -34,8 +36,14 @@ def server_env(**extra: str) -> dict[str, str]:
 
 
 def start_daphne(**extra_env: str) -> tuple[subprocess.Popen[bytes], str]:
-    """A Daphne process serving mqsite.asgi; returns it and its base URL once it is healthy."""
+    """A Daphne process serving mqsite.asgi; returns it and its base URL once it is healthy.
+
+    Started as scripts/run starts it: Daphne's WebSocket limit is FERRY_WS_MAX_FRAME_BYTES.
+    """
     port = free_port()
+    ws_max = extra_env.get("FERRY_WS_MAX_FRAME_BYTES") or str(
+        ferry_settings.get("WS_MAX_FRAME_BYTES")
+    )
     log_path = Path(os.environ.get("FERRY_TEST_DIR", tempfile.gettempdir())) / f"daphne-{port}.log"
     with open(log_path, "wb") as log_file:
         proc = subprocess.Popen(
@@ -47,6 +55,10 @@ def start_daphne(**extra_env: str) -> tuple[subprocess.Popen[bytes], str]:
                 "127.0.0.1",
                 "-p",
                 str(port),
+                "--websocket-max-message-size",
+                ws_max,
+                "--websocket-max-frame-size",
+                ws_max,
                 "mqsite.asgi:application",
             ],
             cwd=ROOT,

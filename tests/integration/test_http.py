@@ -1,9 +1,13 @@
 """Every kind of endpoint through a real Daphne process: sync views, async views, errors."""
 
 import concurrent.futures
+import time
 
 import httpx
+import orjson
 import pytest
+
+from tests.integration.conftest import start_daphne, stop
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
@@ -50,3 +54,38 @@ def test_produce__concurrent_clients_get_distinct_offsets(http, topic_factory):
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         offsets = [o for batch in pool.map(produce, range(16)) for o in batch]
     assert sorted(offsets) == list(range(16 * 20))
+
+
+def test_parsing_budget__a_real_server_answers_503_busy(key_factory, topic_factory):
+    """A request holds its body's bytes until answered; one that would go over gets 503 at once.
+
+    Daphne hands the application a body only once it has arrived whole, so a long poll (a small
+    body, answered two seconds later) is what holds the budget here.
+    """
+    topic = topic_factory().name
+    _, secret = key_factory("admin:*")
+    poll = orjson.dumps({"topic": topic, "max_wait_ms": 2000})
+    produce = orjson.dumps({"messages": [{"value": "x" * 100}]})
+    server, url = start_daphne(FERRY_MAX_PARSING_BYTES=str(len(poll) + len(produce) - 1))
+    headers = {"Authorization": f"Bearer {secret}", "Content-Type": "application/json"}
+    try:
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            waiting = pool.submit(
+                httpx.post, f"{url}/api/v1/groups/g/poll", content=poll, headers=headers, timeout=10
+            )
+            time.sleep(0.5)
+            busy = httpx.post(
+                f"{url}/api/v1/topics/{topic}/messages", content=produce, headers=headers
+            )
+            polled = waiting.result()
+        after = httpx.post(
+            f"{url}/api/v1/topics/{topic}/messages", content=produce, headers=headers
+        )
+    finally:
+        stop(server)
+    assert busy.status_code == 503
+    assert busy.headers["retry-after"] == "1"
+    assert busy.json()["error"]["code"] == "busy"
+    assert busy.json()["error"]["detail"]["retry_after"] == 1
+    assert polled.status_code == 200
+    assert after.status_code == 200

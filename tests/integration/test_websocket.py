@@ -4,6 +4,7 @@ import time
 
 import orjson
 import pytest
+from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
 from broker import models
@@ -77,9 +78,14 @@ def test_shutdown__tells_subscribers_and_returns_their_messages(key_factory, top
             server.terminate()
             closing = recv_type(ws, "closing")
             assert closing["reason"]
+            with pytest.raises(ConnectionClosed) as closed:
+                recv_type(ws, "never")
             server.wait(timeout=15)
     finally:
         stop(server)
+    # Autobahn sends only 1000 or 3000-4999: ours, not RFC 6455's 1001 (docs/websocket.md).
+    assert closed.value.rcvd is not None
+    assert closed.value.rcvd.code == 4503
     # Back with the group at once, and the member gone.
     assert models.InFlight.objects.get().state == "retry_wait"
     assert not models.GroupMember.objects.exists()

@@ -1,6 +1,7 @@
 """The WebSocket protocol through Channels' communicator (docs/websocket.md)."""
 
 import contextlib
+import json
 
 import orjson
 import pytest
@@ -186,7 +187,7 @@ async def test_malformed_frames__error_and_still_usable():
         assert (error["error"]["code"], error["ref"]) == ("unknown_frame", 7)
         await send(ws, {"type": "subscribe", "sub": "s"})
         assert (await recv(ws))["error"]["code"] == "invalid_frame"
-        await send(ws, {"type": "ack", "sub": "nope", "receipts": ["r"]})
+        await send(ws, {"type": "ack", "sub": "nope", "receipts": ["0123456789abcdef.1.0"]})
         assert (await recv(ws))["error"]["code"] == "subscription_not_found"
         await send(ws, {"type": "ping", "ref": "x"})
         assert (await recv(ws))["type"] == "pong"
@@ -224,5 +225,76 @@ async def test_frame_too_large__closes():
         await ws.send_to(text_data="x" * 200)
         assert (await recv(ws))["error"]["code"] == "frame_too_large"
         closed = await ws.receive_output(timeout=1)
-        assert closed == {"type": "websocket.close", "code": 1009}
+        assert closed == {"type": "websocket.close", "code": 4413}
         await ws.disconnect()
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [
+        {"type": "subscribe", "sub": "s", "topic": "t", "group": "g", "prefetch": True},
+        {"type": "subscribe", "sub": "s", "topic": "t", "group": "g", "timestamp_ms": 2**63},
+        {"type": "credit", "sub": "s", "n": True},
+        {"type": "ping", "ref": True},
+        {"type": "ping", "ref": 2**64},
+        {"type": "extend", "sub": "s", "receipts": ["0123456789abcdef.1.0"], "extend_ms": 2**63},
+        {"type": "ack", "sub": "s", "receipts": ["a.ffffffffffffffffffff.1"]},
+        {"type": "publish", "topic": "t", "messages": [{"value": 1, "partition": False}]},
+        {"type": "subscribe", "sub": "s", "topic": "t", "group": "g", "filter": {"tags": 1}},
+    ],
+)
+async def test_strict_and_bounded_frames__invalid_frame(frame):
+    secret = await make_key("admin:*")
+    async with session(secret) as ws:
+        # json: orjson refuses integers past 64 bits, which is what some of these send.
+        await ws.send_to(text_data=json.dumps(frame))
+        assert (await recv(ws))["error"]["code"] == "invalid_frame"
+        await send(ws, {"type": "ping", "ref": 1})
+        assert (await recv(ws))["type"] == "pong"
+
+
+async def test_publish__value_nested_too_deep_is_invalid_frame():
+    secret = await make_key("admin:*")
+    async with session(secret) as ws:
+        value = "[" * 300 + "1" + "]" * 300
+        await ws.send_to(
+            text_data='{"type": "publish", "ref": 1, "topic": "t", "messages": [{"value": '
+            + value
+            + "}]}"
+        )
+        error = await recv(ws)
+        assert (error["error"]["code"], error["ref"]) == ("invalid_frame", 1)
+
+
+async def test_push_task_failure__the_member_leaves_and_its_messages_go_back(monkeypatch):
+    """Issue 9, item 1: a failed subscription kept its member and prefetch in flight."""
+    from broker import consumers as consumers_module
+    from broker import models
+
+    secret = await make_key("admin:*")
+    await new_topic("fails")
+    await produce("fails", [1, 2, 3])
+    sent = 0
+    real_push = consumers_module.BrokerConsumer._push
+
+    async def push_then_fail(self, s, deliveries):
+        nonlocal sent
+        sent += 1
+        if sent > 1:
+            raise RuntimeError("the socket broke")
+        await real_push(self, s, deliveries)
+
+    monkeypatch.setattr(consumers_module.BrokerConsumer, "_push", push_then_fail)
+    async with session(secret) as ws:
+        await send(
+            ws, {"type": "subscribe", "sub": "s", "topic": "fails", "group": "g", "prefetch": 1}
+        )
+        await recv_type(ws, "messages")
+        await produce("fails", [4])
+        await send(ws, {"type": "credit", "sub": "s", "n": 5})
+        error = await recv_type(ws, "error")
+        assert error["sub"] == "s"
+        members = await sync(lambda: list(models.GroupMember.objects.all()))
+        states = await sync(lambda: list(models.InFlight.objects.values_list("state", flat=True)))
+    assert members == []
+    assert "delivered" not in states

@@ -26,6 +26,13 @@ def _validate_receipts(receipts: list[str]) -> list[str]:
         raise errors.InvalidRequest(f"At most {limit} receipts per call.", count=len(receipts))
     if any(not isinstance(r, str) or not 0 < len(r) <= RECEIPT_MAX for r in receipts):
         raise errors.InvalidRequest(f"A receipt is a string of 1 to {RECEIPT_MAX} characters.")
+    # A malformed receipt is the client's mistake, not a stale delivery (docs/api.md).
+    malformed = [r for r in receipts if inflight._parse_receipt(r) is None]
+    if malformed:
+        raise errors.InvalidRequest(
+            f"{malformed[0]!r} is not a receipt (token.partition.offset, in hex).",
+            receipts=malformed[:10],
+        )
     return list(dict.fromkeys(receipts))
 
 
@@ -113,18 +120,31 @@ class _Settling:
         if group is None:
             raise errors.GroupNotFound(group=group_name)
         self.group: models.ConsumerGroup = group
-        found = _named(group.id, self.receipts)
-        for topic_name in sorted({run.topic for run in found}):
-            keys.require(principal, topic_name, "consume")
+        found = self._visible(principal, _named(group.id, self.receipts))
         self.offsets = inflight.locked_offsets(
             (r.group_id, r.partition_id, r.subscriber) for r in found
         )
         # Read again under the locks: a run may have been settled or redelivered meanwhile.
         # (SQLite already serialized this transaction's writes before the first read.)
-        self.runs = found if connection.vendor == "sqlite" else _named(group.id, self.receipts)
+        self.runs = (
+            found
+            if connection.vendor == "sqlite"
+            else self._visible(principal, _named(group.id, self.receipts))
+        )
         matched = {text for named in self.runs.values() for text, _ in named}
         self.stale = tuple(r for r in self.receipts if r not in matched)
         self.count = len(matched)
+
+    @staticmethod
+    def _visible(
+        principal: Principal, found: dict[_Named, list[tuple[str, int]]]
+    ) -> dict[_Named, list[tuple[str, int]]]:
+        """Runs on topics the principal may consume; others' receipts are stale to it."""
+        return {
+            run: named
+            for run, named in found.items()
+            if keys.allows(principal, run.topic, "consume")
+        }
 
     def single_rows(self) -> dict[int, tuple[models.Topic, list[models.InFlight]]]:
         """The named messages as one model row each, by topic (nack, reject, extend).

@@ -2,7 +2,7 @@
 
 import itertools
 
-from django.db.models import F, Sum
+from django.db.models import Count, F, Sum
 
 from broker import models
 from broker.core import errors, keys, membership, topics
@@ -108,7 +108,15 @@ def _group_info(
         strategy=group.strategy,
         members=tuple(members),
         settings=settings_of(group),
-        dead_letters=models.DeadLetter.objects.filter(group=group).count(),
+        # Only letters of topics the principal may consume (issue 9, item 10).
+        dead_letters=sum(
+            n
+            for name, n in models.DeadLetter.objects.filter(group=group)
+            .values_list("topic__name")
+            .annotate(n=Count("id"))
+            .order_by()
+            if keys.allows(principal, name, "consume")
+        ),
     )
 
 

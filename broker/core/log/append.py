@@ -94,6 +94,12 @@ def _plan(
                 max_message_bytes=topic.max_message_bytes,
             )
         due = delayed.due_ms(message, now, index) if message.is_delayed else None
+        if message.timestamp_ms is not None and (message.is_delayed or message.timestamp_ms < 0):
+            raise errors.InvalidMessage(
+                f"Message {index}: timestamp_ms is a time at or after 1970, and a delayed "
+                "message takes the time it is released.",
+                index=index,
+            )
         planned.append(_Planned(partitions[index], message, size, due))
     return planned
 
@@ -306,7 +312,7 @@ def _store(
             (
                 partition_id[number],
                 offset,
-                timestamp_ms,
+                timestamp_ms if message.timestamp_ms is None else message.timestamp_ms,
                 message.key,
                 message.tag,
                 orjson.dumps(headers).decode() if headers else "{}",

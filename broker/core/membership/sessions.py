@@ -80,7 +80,6 @@ def join_group(
     with transaction.atomic(durable=True):
         group = rebalancing.locked_group(group_name)
         member = models.GroupMember.objects.filter(group=group, member_id=member_id).first()
-        moved_from = None
         if member is None:
             member = models.GroupMember.objects.create(
                 group=group,
@@ -91,18 +90,18 @@ def join_group(
                 filter=filter,
             )
         else:
+            if member.topic_id != topic.id:
+                # Another consumer's id, perhaps under another key: taking it over would move
+                # that member and release its messages (a rejoin is for the same topic only).
+                raise errors.MemberIdTaken(group=group_name, member_id=member_id)
             # A rejoin is a consumer that restarted: what it had in flight comes back at once.
             _release_in_flight(group, [member_id], member.topic_id)
-            if member.topic_id != topic.id:
-                moved_from = member.topic_id
             member.topic_id = topic.id
             member.heartbeat_ms = now
             member.filter = filter
             member.save(update_fields=["topic", "heartbeat_ms", "filter"])
         _start_positions(group, member, start, start_timestamp_ms)
         rebalancing.rebalance(group, topic.id)
-        if moved_from is not None:
-            rebalancing.rebalance(group, moved_from)
         return _info(group, member, topic.name)
 
 
@@ -176,7 +175,9 @@ def heartbeat(principal: Principal, group_name: str, member_id: str) -> MemberIn
     """Keep a member alive; returns its current generation and partitions (rejoin if gone)."""
     with transaction.atomic(durable=True):
         group, member = _member(group_name, member_id, lock=False)
-        keys.require(principal, member.topic.name, "consume")
+        if not keys.allows(principal, member.topic.name, "consume"):
+            # Another topic's member is, to this key, no member at all (issue 9, item 10).
+            raise errors.MemberNotFound(group=group_name, member_id=member_id)
         member.heartbeat_ms = log.now_ms()
         member.save(update_fields=["heartbeat_ms"])
         return _info(group, member, member.topic.name)
@@ -186,7 +187,9 @@ def leave_group(principal: Principal, group_name: str, member_id: str) -> None:
     """Leave a group at once: the member's partitions go to the others."""
     with transaction.atomic(durable=True):
         group, member = _member(group_name, member_id, lock=True)
-        keys.require(principal, member.topic.name, "consume")
+        if not keys.allows(principal, member.topic.name, "consume"):
+            # Another topic's member is, to this key, no member at all (issue 9, item 10).
+            raise errors.MemberNotFound(group=group_name, member_id=member_id)
         member.delete()
         _release_in_flight(group, [member_id], member.topic_id)
         rebalancing.rebalance(group, member.topic_id)

@@ -1,0 +1,30 @@
+"""Every way Ferry is served gives Daphne FERRY_WS_MAX_FRAME_BYTES (docs/websocket.md#limits)."""
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+FLAGS = ("--websocket-max-message-size", "--websocket-max-frame-size")
+
+
+def daphne_commands(text: str) -> list[str]:
+    """Each daphne command line, with its backslash continuations joined."""
+    joined = re.sub(r"\\\n\s*", " ", text)
+    return [line for line in joined.splitlines() if re.search(r"bin/daphne\b", line)]
+
+
+def test_scripts_run__passes_the_frame_limit_to_daphne():
+    (command,) = daphne_commands((ROOT / "scripts" / "run").read_text())
+    for flag in FLAGS:
+        assert f'{flag} "$ws_max"' in command
+
+
+def test_readme__production_command_passes_the_frame_limit():
+    from broker import settings as ferry_settings
+
+    commands = daphne_commands((ROOT / "README.md").read_text())
+    assert commands
+    limit = ferry_settings.Defaults.WS_MAX_FRAME_BYTES
+    for command in commands:
+        for flag in FLAGS:
+            assert f"{flag} {limit}" in command, command
