@@ -34,7 +34,7 @@ def test_create_topic__dots_with_other_characters_are_fine(db, console, name):
 def test_group_and_member_names__not_dots_alone(topic_factory, console):
     topic = topic_factory().name
     with pytest.raises(errors.InvalidRequest):
-        groups.validate_group_name("..")
+        membership.validate_group_name("..")
     with pytest.raises(errors.InvalidRequest):
         membership.join_group(console, "g", topic, "..")
 
