@@ -868,6 +868,8 @@ def join_group(request: AuthedRequest, group: str, body: schemas.JoinIn) -> Stat
         filter=body.filter_spec(),
         start=body.start,
         start_timestamp_ms=body.start_timestamp_ms,
+        client=body.client or "",
+        host=f"rest {request.META.get('REMOTE_ADDR') or ''}".strip(),
     )
     return Status(201, member_out(info))
 

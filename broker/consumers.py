@@ -104,6 +104,8 @@ class Subscription:
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
     last_beat: float = 0.0
+    # What the subscriber calls itself; a rejoin after an expiry keeps it.
+    client: str = ""
 
 
 async def wait_for_event(event: asyncio.Event, timeout_s: float) -> None:
@@ -421,6 +423,8 @@ class BrokerConsumer(AsyncWebsocketConsumer):
                 filter=frame.filter.to_spec() if frame.filter is not None else None,
                 start="earliest" if frame.start == "committed" else frame.start,
                 start_timestamp_ms=frame.timestamp_ms,
+                client=frame.client or "",
+                host=self._host(),
             )
         )
         s = Subscription(
@@ -433,6 +437,7 @@ class BrokerConsumer(AsyncWebsocketConsumer):
             partitions=info.partitions,
             credit=frame.prefetch,
             last_beat=asyncio.get_running_loop().time(),
+            client=frame.client or "",
         )
         self.subs[s.sub] = s
         await self.channel_layer.group_add(events.topic_group(s.topic_id), self.channel_name)
@@ -509,6 +514,11 @@ class BrokerConsumer(AsyncWebsocketConsumer):
         await self._send_frame(
             {"type": "published", "ref": frame.ref, "results": [_append_out(r) for r in results]}
         )
+
+    def _host(self) -> str:
+        """Where this connection comes from, as the members' `host` shows it."""
+        client = self.scope.get("client")
+        return f"websocket {client[0]}" if client else "websocket"
 
     def _principal(self) -> Principal:
         if self.principal is None:
@@ -648,7 +658,15 @@ class BrokerConsumer(AsyncWebsocketConsumer):
     async def _rejoin(self, s: Subscription) -> None:
         # Expired (the process stalled past the session timeout): join again under the same id.
         info = await dbthreads.run(
-            membership.join_group, self._principal(), s.group, s.topic, s.member_id
+            functools.partial(
+                membership.join_group,
+                self._principal(),
+                s.group,
+                s.topic,
+                s.member_id,
+                client=s.client,
+                host=self._host(),
+            )
         )
         await self._assigned(s, info)
 

@@ -37,6 +37,8 @@ class SubscribeFrame(Frame):
         "committed", alias="from"
     )
     timestamp_ms: Int64 | None = None
+    # This consumer's name for itself (Kafka's client.id), shown with the member.
+    client: str | None = Field(None, max_length=100)
 
 
 class UnsubscribeFrame(Frame):

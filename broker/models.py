@@ -170,6 +170,10 @@ class GroupMember(models.Model):
     heartbeat_ms = models.BigIntegerField(db_index=True)
     # The subscription filter (broker/core/filters.py) as given; null delivers everything.
     filter = models.JSONField(null=True, blank=True)
+    # What the consumer calls itself (Kafka's client.id) and where it connects from, for the
+    # console and GET /groups/{g}: "billing-worker-3", "websocket 10.0.0.7".
+    client = models.CharField(max_length=100, default="", blank=True)
+    host = models.CharField(max_length=100, default="", blank=True)
 
     class Meta:
         constraints = [

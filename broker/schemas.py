@@ -313,6 +313,12 @@ class JoinIn(In):
         "has no position yet; an existing position is kept.",
     )
     start_timestamp_ms: Int64 | None = Field(None, description="With start: timestamp.")
+    client: str | None = Field(
+        None,
+        max_length=100,
+        description="This consumer's name for itself (Kafka's client.id), shown beside the "
+        "member in GET /groups/{group} and the console.",
+    )
 
     def filter_spec(self) -> dict[str, Any] | None:
         return self.filter.to_spec() if self.filter is not None else None
@@ -455,6 +461,8 @@ class GroupMemberOut(Schema):
     joined_ms: int
     heartbeat_ms: int
     filter: dict[str, Any] | None
+    client: str = Field(description="What the consumer calls itself (join's client), or empty.")
+    host: str = Field(description='Where it joined from: "rest 10.0.0.7", "websocket 10.0.0.7".')
 
 
 class GroupSettingsOut(Schema):
@@ -463,6 +471,7 @@ class GroupSettingsOut(Schema):
     ack_deadline_ms: int
     max_attempts: int
     retry_delays_ms: list[int] = Field(description="[]: RocketMQ's levels, 10s to 2h.")
+    session_timeout_ms: int = Field(description="A member silent this long expires.")
 
 
 class GroupOut(Schema):

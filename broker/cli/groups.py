@@ -185,10 +185,11 @@ def handle_describe(command: BaseCommand, options: dict[str, Any]) -> None:
         ],
     )
     members = table.render(
-        ("member", "topic", "partitions", "last heartbeat", "filter"),
+        ("member", "client", "topic", "partitions", "last heartbeat", "filter"),
         [
             (
                 m.member_id,
+                " ".join(part for part in (m.client, m.host) if part) or None,
                 m.topic,
                 ",".join(map(str, m.partitions)) or None,
                 at(m.heartbeat_ms),
@@ -229,6 +230,7 @@ def settings(info: records.GroupInfo) -> str:
             ("max_attempts", s.max_attempts),
             # Empty: RocketMQ's levels, the default.
             ("retry_delays_ms", ",".join(map(str, s.retry_delays_ms)) or "default"),
+            ("session_timeout_ms", s.session_timeout_ms),
             ("dead_letters", info.dead_letters),
         ]
     )

@@ -255,6 +255,8 @@ class MemberSummary:
     joined_ms: int
     heartbeat_ms: int
     filter: dict[str, Any] | None = None
+    client: str = ""
+    host: str = ""
 
 
 @dataclass(frozen=True)
@@ -282,6 +284,8 @@ class GroupSettings:
     ack_deadline_ms: int = 30_000
     max_attempts: int = 16
     retry_delays_ms: tuple[int, ...] = ()
+    # A member silent this long expires (its partitions go to the others).
+    session_timeout_ms: int = 45_000
 
 
 @dataclass(frozen=True)

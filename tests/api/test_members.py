@@ -238,6 +238,8 @@ def test_describe_group__generation_strategy_members(api_client, orders):
         "joined_ms",
         "heartbeat_ms",
         "filter",
+        "client",
+        "host",
     }
     assert all(m["topic"] == "orders" for m in members)
     assert sorted(p for m in members for p in m["partitions"]) == [0, 1, 2, 3]
@@ -325,3 +327,25 @@ def test_heartbeat_and_leave__another_topics_member_is_not_found(
         assert error_of(response) == (404, "member_not_found")
         assert "orders" not in response.content.decode()
     assert heartbeat(api_client, "G", "worker-1").status_code == 200
+
+
+def test_join__client_name_and_host_in_the_group(api_client, orders):
+    body = {"topic": orders, "member_id": "a", "client": "billing-3"}
+    assert (
+        api_client.post("/api/v1/groups/billing/members", body, content_type=JSON).status_code
+        == 201
+    )
+    [member] = api_client.get("/api/v1/groups/billing").json()["members"]
+    # The test client connects from 127.0.0.1 (Django's test REMOTE_ADDR).
+    assert (member["client"], member["host"]) == ("billing-3", "rest 127.0.0.1")
+    assert (
+        api_client.get("/api/v1/groups/billing").json()["settings"]["session_timeout_ms"] == 45_000
+    )
+
+
+def test_join__client_name_too_long(api_client, orders):
+    body = {"topic": orders, "client": "x" * 101}
+    assert (
+        api_client.post("/api/v1/groups/billing/members", body, content_type=JSON).status_code
+        == 422
+    )

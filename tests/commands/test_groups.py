@@ -59,6 +59,7 @@ def test_handle_describe__partitions(ferry, billing_on_orders):
         ["ack_deadline_ms", "30000"],
         ["max_attempts", "16"],
         ["retry_delays_ms", "default"],
+        ["session_timeout_ms", "45000"],
         ["dead_letters", "0"],
     ]
     lines = offsets.splitlines()
@@ -79,7 +80,15 @@ def test_handle_describe__partitions(ferry, billing_on_orders):
         ["orders", "0", "2", "0", "3", "1", "0", "0", "0"],
         ["orders", "1", "0", "0", "1", "1", "0", "0", "0"],
     ]
-    assert members.split() == ["MEMBER", "TOPIC", "PARTITIONS", "LAST", "HEARTBEAT", "FILTER"]
+    assert members.split() == [
+        "MEMBER",
+        "CLIENT",
+        "TOPIC",
+        "PARTITIONS",
+        "LAST",
+        "HEARTBEAT",
+        "FILTER",
+    ]
 
 
 def test_handle_describe__members(ferry, billing_on_orders):
@@ -89,12 +98,21 @@ def test_handle_describe__members(ferry, billing_on_orders):
     settings, _, members = ferry("groups", "describe", "billing").split("\n\n")
     assert settings.splitlines()[1].split() == ["generation", "3"]
     lines = members.splitlines()
-    assert lines[0].split() == ["MEMBER", "TOPIC", "PARTITIONS", "LAST", "HEARTBEAT", "FILTER"]
-    rows = [line.split(maxsplit=4) for line in lines[1:]]
-    assert [row[:2] for row in rows] == [["a", "orders"], ["b", "orders"]]
-    assert sorted(row[2] for row in rows) == ["0", "1"]
-    assert all(row[3].endswith("Z") for row in rows)
-    assert [row[4] for row in rows] == ["-", '{"tags":"x || y"}']
+    assert lines[0].split() == [
+        "MEMBER",
+        "CLIENT",
+        "TOPIC",
+        "PARTITIONS",
+        "LAST",
+        "HEARTBEAT",
+        "FILTER",
+    ]
+    rows = [line.split(maxsplit=5) for line in lines[1:]]
+    # The console's join names no client: "-".
+    assert [row[:3] for row in rows] == [["a", "-", "orders"], ["b", "-", "orders"]]
+    assert sorted(row[3] for row in rows) == ["0", "1"]
+    assert all(row[4].endswith("Z") for row in rows)
+    assert [row[5] for row in rows] == ["-", '{"tags":"x || y"}']
 
 
 def test_handle_describe__in_flight_and_dead_letters(ferry, billing_on_orders):

@@ -170,3 +170,23 @@ def test_configure_group__checks(topic_factory, console, key_factory):
     limited, _ = key_factory("admin:orders.*")
     with pytest.raises(errors.PermissionDenied):
         groups.configure_group(limited, "g", strategy="range")
+
+
+def test_join_group__client_and_host_shown_with_the_member(topic_factory, console):
+    topic = topic_factory().name
+    membership.join_group(
+        console, "g", topic, "m1", client="billing-worker-3", host="rest 10.0.0.7"
+    )
+    [member] = groups.describe_group(console, "g").members
+    assert (member.client, member.host) == ("billing-worker-3", "rest 10.0.0.7")
+    # A rejoin says who it is now.
+    membership.join_group(console, "g", topic, "m1", client="billing-worker-4")
+    [member] = groups.describe_group(console, "g").members
+    assert (member.client, member.host) == ("billing-worker-4", "")
+
+
+def test_join_group__client_name_is_bounded(topic_factory, console):
+    topic = topic_factory().name
+    with pytest.raises(errors.InvalidRequest):
+        membership.join_group(console, "g", topic, "m1", client="x" * 101)
+    assert not models.GroupMember.objects.exists()

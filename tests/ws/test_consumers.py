@@ -298,3 +298,22 @@ async def test_push_task_failure__the_member_leaves_and_its_messages_go_back(mon
         states = await sync(lambda: list(models.InFlight.objects.values_list("state", flat=True)))
     assert members == []
     assert "delivered" not in states
+
+
+async def test_subscribe__client_name_shown_with_the_member():
+    secret = await make_key("admin:*")
+    await new_topic("t-client")
+    async with session(secret) as ws:
+        frame = {
+            "type": "subscribe",
+            "sub": "s",
+            "topic": "t-client",
+            "group": "g",
+            "client": "ui-1",
+        }
+        await send(ws, frame)
+        await recv_type(ws, "subscribed")
+        info = await sync(groups.describe_group, keys.CONSOLE, "g")
+        [member] = info.members
+        assert member.client == "ui-1"
+        assert member.host.startswith("websocket")

@@ -127,6 +127,7 @@ def settings_of(group: models.ConsumerGroup) -> GroupSettings:
         ack_deadline_ms=group.ack_deadline_ms,
         max_attempts=group.max_attempts,
         retry_delays_ms=tuple(group.retry_delays_ms or ()),
+        session_timeout_ms=group.session_timeout_ms,
     )
 
 

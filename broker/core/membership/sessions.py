@@ -60,12 +60,16 @@ def join_group(
     filter: dict[str, Any] | None = None,
     start: str = "earliest",
     start_timestamp_ms: int | None = None,
+    client: str = "",
+    host: str = "",
 ) -> MemberInfo:
     """Join (or rejoin) a group as a consumer of a topic with a subscription filter.
 
     Returns the member's partitions; a rejoin may change the filter. start says where the
     group (in broadcast mode: this member) begins on partitions where it has no position yet:
     earliest, latest or timestamp (Kafka's auto.offset.reset); an existing position is kept.
+    client is the consumer's own name for itself (Kafka's client.id) and host where the edge
+    saw it connect from; both are shown, never trusted.
     """
     validate_group_name(group_name)
     topic = topics.get_topic(principal, topic_name, "consume")
@@ -76,6 +80,11 @@ def join_group(
         raise errors.InvalidRequest(f"start is one of {', '.join(START_POSITIONS)}.", start=start)
     if start == "timestamp" and start_timestamp_ms is None:
         raise errors.InvalidRequest("Starting at a timestamp needs start_timestamp_ms.")
+    if len(client) > CLIENT_MAX:
+        raise errors.InvalidRequest(
+            f"client is at most {CLIENT_MAX} characters.", client_length=len(client)
+        )
+    host = host[:CLIENT_MAX]
     now = log.now_ms()
     with transaction.atomic(durable=True):
         group = rebalancing.locked_group(group_name)
@@ -88,6 +97,8 @@ def join_group(
                 joined_ms=now,
                 heartbeat_ms=now,
                 filter=filter,
+                client=client,
+                host=host,
             )
         else:
             if member.topic_id != topic.id:
@@ -99,13 +110,16 @@ def join_group(
             member.topic_id = topic.id
             member.heartbeat_ms = now
             member.filter = filter
-            member.save(update_fields=["topic", "heartbeat_ms", "filter"])
+            member.client, member.host = client, host
+            member.save(update_fields=["topic", "heartbeat_ms", "filter", "client", "host"])
         _start_positions(group, member, start, start_timestamp_ms)
         rebalancing.rebalance(group, topic.id)
         return _info(group, member, topic.name)
 
 
 START_POSITIONS = ("earliest", "latest", "timestamp")
+# The longest client name (and host description) a member keeps.
+CLIENT_MAX = 100
 
 
 def _start_positions(
@@ -292,6 +306,8 @@ def list_members(group: models.ConsumerGroup) -> list[MemberSummary]:
             joined_ms=m.joined_ms,
             heartbeat_ms=m.heartbeat_ms,
             filter=m.filter,
+            client=m.client,
+            host=m.host,
         )
         for m in models.GroupMember.objects.filter(group=group)
         .select_related("topic")
