@@ -174,6 +174,7 @@ def test_describe_group__lag(api_client, topic_factory):
         "ack_deadline_ms": 30_000,
         "max_attempts": 16,
         "retry_delays_ms": [],
+        "session_timeout_ms": 45_000,
     }
 
 
@@ -252,10 +253,10 @@ def test_configure_group__delivery_settings(api_client):
     response = api_client.patch("/api/v1/groups/g", settings, content_type=JSON)
 
     assert response.status_code == 200
-    assert response.json()["settings"] == settings
+    assert response.json()["settings"] == {**settings, "session_timeout_ms": 45_000}
     # Left out, a setting keeps its value.
     kept = api_client.patch("/api/v1/groups/g", {"max_attempts": 4}, content_type=JSON).json()
-    assert kept["settings"] == {**settings, "max_attempts": 4}
+    assert kept["settings"] == {**settings, "max_attempts": 4, "session_timeout_ms": 45_000}
 
 
 @pytest.mark.parametrize(
