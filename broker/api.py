@@ -25,6 +25,7 @@ from broker.core import (
     errors,
     groupcommit,
     groups,
+    history,
     keys,
     log,
     membership,
@@ -973,6 +974,35 @@ def list_groups(request: AuthedRequest) -> list[dict[str, Any]]:
 @api.get("/groups/{group}", response=schemas.GroupOut, tags=["groups"])
 def describe_group(request: AuthedRequest, group: str) -> dict[str, Any]:
     return group_out(groups.describe_group(request.auth, group))
+
+
+# History answers the last hour unless asked for another window (docs/metrics.md#history).
+HISTORY_DEFAULT_MS = 3_600_000
+
+
+@api.get("/topics/{name}/history", response=schemas.TopicHistoryOut, tags=["history"])
+def topic_history(
+    request: AuthedRequest,
+    name: str,
+    since_ms: int | None = Query(None, ge=0, le=INT64_MAX),
+    until_ms: int | None = Query(None, ge=0, le=INT64_MAX),
+) -> dict[str, Any]:
+    since = log.now_ms() - HISTORY_DEFAULT_MS if since_ms is None else since_ms
+    points = history.topic_series(request.auth, name, since, until_ms)
+    return {"topic": name, "points": [dataclasses.asdict(p) for p in points]}
+
+
+@api.get("/groups/{group}/history", response=schemas.GroupHistoryOut, tags=["history"])
+def group_history(
+    request: AuthedRequest,
+    group: str,
+    topic: str | None = None,
+    since_ms: int | None = Query(None, ge=0, le=INT64_MAX),
+    until_ms: int | None = Query(None, ge=0, le=INT64_MAX),
+) -> dict[str, Any]:
+    since = log.now_ms() - HISTORY_DEFAULT_MS if since_ms is None else since_ms
+    points = history.group_series(request.auth, group, topic, since, until_ms)
+    return {"group": group, "points": [dataclasses.asdict(p) for p in points]}
 
 
 @api.get("/overview", response=schemas.OverviewOut, tags=["overview"])

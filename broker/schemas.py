@@ -698,3 +698,35 @@ class AuditEntryOut(Schema):
 class AuditPageOut(Schema):
     items: list[AuditEntryOut]
     next_before_id: int | None = Field(description="Pass as before_id for older entries.")
+
+
+class TopicPointOut(Schema):
+    at_ms: int
+    end_offset_total: int = Field(description="Messages ever appended: the sum of end offsets.")
+    message_count: int
+    bytes_stored: int
+    in_per_s: float | None = Field(description="Appended per second since the sample before.")
+    resolution_s: int = Field(description="Seconds this sample stands for (downsampled: more).")
+
+
+class TopicHistoryOut(Schema):
+    topic: str
+    points: list[TopicPointOut]
+
+
+class GroupPointOut(Schema):
+    at_ms: int
+    topic: str
+    lag: int = Field(description="Messages after the committed offsets, summed over partitions.")
+    committed_total: int
+    out_per_s: float | None = Field(description="Committed per second since the sample before.")
+    oldest_age_ms: int | None = Field(
+        description="Age of the oldest message not yet consumed (the consume delay); null: none."
+    )
+    in_flight: int
+    resolution_s: int
+
+
+class GroupHistoryOut(Schema):
+    group: str
+    points: list[GroupPointOut]

@@ -352,6 +352,31 @@ class Admin(transport.Client):
         )
         return result
 
+    def topic_history(
+        self, topic: str, *, since_ms: int | None = None, until_ms: int | None = None
+    ) -> Json:
+        """A topic's sampled size and in rate (GET /topics/{t}/history; default: the last hour)."""
+        result: Json = self._rest.request(
+            "GET", f"/topics/{topic}/history", params={"since_ms": since_ms, "until_ms": until_ms}
+        )
+        return result
+
+    def group_history(
+        self,
+        group: str,
+        *,
+        topic: str | None = None,
+        since_ms: int | None = None,
+        until_ms: int | None = None,
+    ) -> Json:
+        """A group's sampled lag, out rate and consume delay (GET /groups/{g}/history)."""
+        result: Json = self._rest.request(
+            "GET",
+            f"/groups/{group}/history",
+            params={"topic": topic, "since_ms": since_ms, "until_ms": until_ms},
+        )
+        return result
+
     def list_api_keys(self) -> list[Json]:
         result: list[Json] = self._rest.request("GET", "/keys")
         return result

@@ -4,15 +4,14 @@
 // most once a second. This script turns each into a `ferry:update` event on document.body
 // (detail: {changed}); htmx regions listen with hx-trigger="ferry:update from:body" and re-read
 // their partial. When the socket drops, #live-status says "reconnecting" and the script
-// reconnects with a growing pause; after a reconnect the page refreshes once, since updates
-// may have been missed meanwhile.
+// reconnects with a growing pause. Each time the socket opens the page refreshes once: a change
+// between rendering the page (or losing the socket) and opening it was never nudged.
 (function () {
   "use strict";
   var MIN_PAUSE_MS = 500;
   var MAX_PAUSE_MS = 10000;
   var PING_MS = 25000;
   var pause = MIN_PAUSE_MS;
-  var everConnected = false;
   var pingTimer = null;
   var lastDispatch = 0;
   var pendingChanged = null;
@@ -57,8 +56,9 @@
     socket.onopen = function () {
       pause = MIN_PAUSE_MS;
       setStatus("live");
-      if (everConnected) dispatch(["reconnected"]);
-      everConnected = true;
+      // What changed between rendering the page (or the last socket) and now was never
+      // nudged: the socket only reports changes from here on. Refresh once.
+      dispatch(["connected"]);
       pingTimer = setInterval(function () {
         if (socket.readyState === WebSocket.OPEN) socket.send('{"type":"ping"}');
       }, PING_MS);

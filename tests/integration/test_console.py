@@ -78,6 +78,11 @@ def make_user(
 def log_in(browser: Browser, url: str, username: str) -> Page:
     page = browser.new_page(viewport={"width": 1280, "height": 900})
     page.set_default_timeout(WAIT_MS)
+    # Counts the live refreshes the page asks for (ferry:update events).
+    page.add_init_script(
+        "window.ferryUpdates = 0; document.addEventListener('DOMContentLoaded', () =>"
+        " document.body.addEventListener('ferry:update', () => window.ferryUpdates++));"
+    )
     page.goto(f"{url}/")
     expect(page).to_have_url(f"{url}/login/?next=/")
     page.fill("#id_username", username)
@@ -128,6 +133,9 @@ def test_console__who_may_see_and_act(browser: Browser, console_url: str) -> Non
 
     viewer = log_in(browser, console_url, "viewer")
     expect(viewer.locator("#live-status")).to_have_text("live")
+    # Once its socket is open the page refreshes: what changed since it was rendered and before
+    # the socket listened is never nudged.
+    viewer.wait_for_function("window.ferryUpdates >= 1")
     expect(viewer.get_by_test_id("user")).to_contain_text("view only")
     viewer.goto(f"{console_url}/topics/")
     expect(viewer.locator("#topic-create-form")).to_have_count(0)
