@@ -137,6 +137,8 @@ class MinuteStats:
     bytes: int
     distinct_keys: int
     top_keys: tuple[tuple[str, int], ...]
+    # Per reading group: (group, consume delay in ms or None, lag), from the broker's history.
+    groups: tuple[tuple[str, int | None, int], ...] = ()
 
 
 def _minute_stats(value: Any) -> MinuteStats | None:
@@ -147,6 +149,14 @@ def _minute_stats(value: Any) -> MinuteStats | None:
             bytes=int(value["bytes"]),
             distinct_keys=int(value["distinct_keys"]),
             top_keys=tuple((str(t["key"]), int(t["count"])) for t in value.get("top_keys") or ()),
+            groups=tuple(
+                (
+                    str(g["group"]),
+                    None if g.get("consume_delay_ms") is None else int(g["consume_delay_ms"]),
+                    int(g.get("lag") or 0),
+                )
+                for g in value.get("groups") or ()
+            ),
         )
     except (KeyError, TypeError, ValueError):
         return None

@@ -1,7 +1,10 @@
-"""stats: per topic and minute, messages, bytes, distinct keys and top keys (docs/pipeline.md).
+"""stats: per topic and minute, messages, bytes, distinct keys, top keys and each reading
+group's consume delay (docs/pipeline.md).
 
 Reads topics (an offset or time range; default: all they hold) through the `ferry` source,
-prints a line per topic and minute, and writes each line as a JSON message to a stats topic
+adds per group the consume delay and lag from the broker's sampled history (GET
+/groups/{g}/history), prints a line per topic and minute, and writes each line as a JSON
+message to a stats topic
 (default `ferry-stats`, which must exist), keyed by the topic's name, which the console's topic
 page reads: the newest message of a minute is its newest figure. A message's id is the topic,
 the minute and its count, so rerunning over unchanged data stores nothing twice.
@@ -10,6 +13,9 @@ the minute and its count, so rerunning over unchanged data stores nothing twice.
 """
 
 import argparse
+import json
+import time
+from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
@@ -17,6 +23,7 @@ from pipeline import jobs
 
 NAME = "stats"
 TOP_KEYS = 3
+MINUTE_MS = 60_000
 
 
 def parser() -> argparse.ArgumentParser:
@@ -76,7 +83,8 @@ def run(spark: Any, argv: Sequence[str] | None = None) -> int:
     )
     figures = per_minute(spark.read.format("ferry").options(**options).load()).cache()
     try:
-        rows = figures.collect()
+        minute_text = F.date_format("minute", "yyyy-MM-dd'T'HH:mm'Z'").alias("minute_text")
+        rows = figures.select("*", minute_text).collect()
         for r in rows:
             top = ", ".join(f"{t['key']}={t['count']}" for t in r.top_keys or [])
             jobs.say(
@@ -84,21 +92,10 @@ def run(spark: Any, argv: Sequence[str] | None = None) -> int:
                 f"{r.bytes} bytes, {r.distinct_keys} keys; top: {top or '-'}"
             )
         if rows and not args.no_write:
-            minute = F.date_format("minute", "yyyy-MM-dd'T'HH:mm'Z'")
-            out = figures.select(
-                # Keyed by topic: the console's topic page finds a topic's minutes by key.
-                F.col("topic").alias("key"),
-                F.concat_ws("-", F.lit("stats"), "topic", minute, "messages").alias("id"),
-                F.to_json(
-                    F.struct(
-                        "topic",
-                        minute.alias("minute"),
-                        "messages",
-                        "bytes",
-                        "distinct_keys",
-                        "top_keys",
-                    )
-                ).alias("value_json"),
+            delays = group_delays(args, {r.topic for r in rows}, rows)
+            out = spark.createDataFrame(
+                [_record(r, delays.get((r.topic, r.minute_text), [])) for r in rows],
+                "key string, id string, value_json string",
             )
             sink = jobs.broker_options(args, topic=args.to_topic)
             out.write.format("ferry").options(**sink).mode("append").save()
@@ -107,6 +104,58 @@ def run(spark: Any, argv: Sequence[str] | None = None) -> int:
     where = "printed" if args.no_write else f"written to {args.to_topic}"
     jobs.say(f"stats: done: {len(rows)} topic-minutes of {args.topic} {where}")
     return len(rows)
+
+
+def group_delays(
+    args: argparse.Namespace, topics: set[str], rows: Sequence[Any]
+) -> dict[tuple[str, str], list[dict[str, Any]]]:
+    """Per topic and minute, each reading group's consume delay and lag, from the broker's
+    sampled history (GET /groups/{g}/history): the oldest unconsumed message's age and the
+    lag, at most, over the minute's samples. Groups without samples in a minute are left out.
+    """
+    from ferry_client import Admin
+
+    minutes = [jobs.time_ms(r.minute_text.rstrip("Z")) for r in rows]
+    since_ms, until_ms = min(minutes), max(minutes) + MINUTE_MS
+    found: dict[tuple[str, str], dict[str, dict[str, Any]]] = defaultdict(dict)
+    with Admin(args.url, args.api_key) as admin:
+        for group in admin.list_groups():
+            for topic in {t["topic"] for t in group["topics"]} & topics:
+                history = admin.group_history(
+                    group["name"], topic=topic, since_ms=since_ms, until_ms=until_ms
+                )
+                for point in history["points"]:
+                    minute = time.strftime(
+                        "%Y-%m-%dT%H:%MZ", time.gmtime(point["at_ms"] // MINUTE_MS * 60)
+                    )
+                    entry = found[(topic, minute)].setdefault(
+                        group["name"],
+                        {"group": group["name"], "consume_delay_ms": None, "lag": 0},
+                    )
+                    if point["oldest_age_ms"] is not None:
+                        entry["consume_delay_ms"] = max(
+                            entry["consume_delay_ms"] or 0, point["oldest_age_ms"]
+                        )
+                    entry["lag"] = max(entry["lag"], point["lag"])
+    return {
+        key: sorted(by_group.values(), key=lambda g: g["group"]) for key, by_group in found.items()
+    }
+
+
+def _record(row: Any, groups: list[dict[str, Any]]) -> tuple[str, str, str]:
+    """(key, id, value_json) of one topic-minute: keyed by topic, which the console's topic
+    page looks up; the id makes a rerun over unchanged data store nothing."""
+    value = {
+        "topic": row.topic,
+        "minute": row.minute_text,
+        "messages": row.messages,
+        "bytes": row.bytes,
+        "distinct_keys": row.distinct_keys,
+        "top_keys": [{"key": t["key"], "count": t["count"]} for t in row.top_keys or []],
+        "groups": groups,
+    }
+    record_id = f"stats-{row.topic}-{row.minute_text}-{row.messages}"
+    return row.topic, record_id, json.dumps(value, separators=(",", ":"))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

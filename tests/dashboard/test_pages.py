@@ -151,6 +151,7 @@ def test_topic_page__shows_the_stats_jobs_figures(admin_client, broker_data, top
             "bytes": messages * 10,
             "distinct_keys": 2,
             "top_keys": [{"key": "k1", "count": messages - 1}],
+            "groups": [{"group": "g", "consume_delay_ms": 1500, "lag": messages}],
         }
         return NewMessage(orjson.dumps(value), key="orders")
 
@@ -172,6 +173,7 @@ def test_topic_page__shows_the_stats_jobs_figures(admin_client, broker_data, top
         ("2026-11-23T14:01Z", 5),
     ]
     assert b'data-minute="2026-11-23T14:02Z"' in response.content
+    assert stats[0].groups == (("g", 1500, 7),)
 
 
 def test_topic_page__explains_the_stats_job_when_there_are_no_figures(admin_client, broker_data):

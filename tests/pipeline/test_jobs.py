@@ -1,10 +1,11 @@
 """The pipeline jobs in the shared SparkSession against a real broker: archive, replay, stats."""
 
 import json
+import time
 
 import pytest
 
-from broker.core import keys, topics
+from broker.core import groups, history, keys, topics
 from ferry_client import Message, Producer
 from pipeline.jobs import archive, replay, stats
 
@@ -61,6 +62,10 @@ def test_stats__per_minute_written_back(spark, broker_url, ferry_key, capsys):
     keys_sent = ["a"] * 5 + ["b"] * 3 + ["c"] * 2 + ["d"]
     with Producer(broker_url, ferry_key) as producer:
         producer.send_batch("clicks", [Message("x" * 10, key=k) for k in keys_sent])
+    # A group that has read nothing yet: its consume delay is the oldest message's wait.
+    groups.commit_offsets(keys.CONSOLE, "clicks-readers", "clicks", {0: 0, 1: 0})
+    history.sample_metrics()
+    sampled_minute = time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime())
     broker = ["--url", broker_url, "--api-key", ferry_key, "--topic", "clicks"]
 
     assert stats.run(spark, broker) >= 1
@@ -83,4 +88,8 @@ def test_stats__per_minute_written_back(spark, broker_url, ferry_key, capsys):
             {"key": "c", "count": 2},
         ]
         assert "top: a=5, b=3, c=2" in out
+        if f["minute"] == sampled_minute:  # the sample fell in the messages' minute
+            [readers] = f["groups"]
+            assert (readers["group"], readers["lag"]) == ("clicks-readers", 11)
+            assert readers["consume_delay_ms"] >= 0
     assert "stats: done:" in out
