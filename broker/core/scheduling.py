@@ -59,21 +59,28 @@ def list_scheduled(
     return [_info(row, topic.name) for row in rows[:limit]]
 
 
+def _locked_visible(principal: Principal, scheduled_id: int) -> models.ScheduledMessage:
+    """The scheduled row, locked, if the principal may produce to its topic.
+
+    Caller holds the transaction. ScheduledNotFound once released or cancelled, and for a
+    topic the key may not produce to: what it may not see answers as if it did not exist.
+    """
+    row = (
+        models.ScheduledMessage.objects.select_related("topic")
+        # Message lock (SKIP LOCKED): a row being released right now counts as gone.
+        .select_for_update(skip_locked=True, of=("self",))
+        .filter(id=scheduled_id)
+        .first()
+    )
+    if row is None or not keys.allows(principal, row.topic.name, "produce"):
+        raise errors.ScheduledNotFound(id=scheduled_id)
+    return row
+
+
 def cancel_scheduled(principal: Principal, scheduled_id: int) -> ScheduledInfo:
     """Cancel a message that is not due yet; ScheduledNotFound once released or cancelled."""
     with transaction.atomic(durable=True):
-        row = (
-            models.ScheduledMessage.objects.select_related("topic")
-            # Message lock (SKIP LOCKED): a row being released right now counts as gone.
-            .select_for_update(skip_locked=True, of=("self",))
-            .filter(id=scheduled_id)
-            .first()
-        )
-        if row is None:
-            raise errors.ScheduledNotFound(id=scheduled_id)
-        if not keys.allows(principal, row.topic.name, "produce"):
-            # What the key may not see answers as if it did not exist (issue 9, item 10).
-            raise errors.ScheduledNotFound(id=scheduled_id)
+        row = _locked_visible(principal, scheduled_id)
         info = _info(row, row.topic.name)
         row.delete()
     return info
@@ -162,18 +169,7 @@ def due_histogram(
 
 def _change_due(principal: Principal, scheduled_id: int, due: int) -> ScheduledInfo:
     with transaction.atomic(durable=True):
-        row = (
-            models.ScheduledMessage.objects.select_related("topic")
-            # Message lock (SKIP LOCKED): a row being released right now counts as gone.
-            .select_for_update(skip_locked=True, of=("self",))
-            .filter(id=scheduled_id)
-            .first()
-        )
-        if row is None:
-            raise errors.ScheduledNotFound(id=scheduled_id)
-        if not keys.allows(principal, row.topic.name, "produce"):
-            # What the key may not see answers as if it did not exist (issue 9, item 10).
-            raise errors.ScheduledNotFound(id=scheduled_id)
+        row = _locked_visible(principal, scheduled_id)
         row.due_ms = due
         row.save(update_fields=["due_ms"])
         return _info(row, row.topic.name)

@@ -7,6 +7,7 @@ Each job is a module with `main(argv)`, run as `python -m pipeline.jobs.<name>`,
 import argparse
 import os
 import sys
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -75,6 +76,22 @@ def session(app_name: str) -> "SparkSession":
     )
     pipeline.register(spark)
     return spark
+
+
+def run_main(
+    name: str,
+    parse: Callable[[Sequence[str] | None], argparse.Namespace],
+    run: Callable[[Any, Sequence[str] | None], int],
+    argv: Sequence[str] | None,
+) -> int:
+    """A job's main(): its arguments checked before a JVM starts, then run in its own session."""
+    parse(argv)
+    spark = session(f"ferry-{name}")
+    try:
+        run(spark, argv)
+    finally:
+        spark.stop()
+    return 0
 
 
 def say(text: str) -> None:

@@ -84,13 +84,7 @@ def run(spark: Any, argv: Sequence[str] | None = None) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parse(argv)  # argument errors before a JVM starts
-    spark = jobs.session(f"ferry-{NAME}")
-    try:
-        run(spark, argv)
-    finally:
-        spark.stop()
-    return 0
+    return jobs.run_main(NAME, parse, run, argv)
 
 
 if __name__ == "__main__":

@@ -159,13 +159,7 @@ def _record(row: Any, groups: list[dict[str, Any]]) -> tuple[str, str, str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parse(argv)  # argument errors before a JVM starts
-    spark = jobs.session(f"ferry-{NAME}")
-    try:
-        run(spark, argv)
-    finally:
-        spark.stop()
-    return 0
+    return jobs.run_main(NAME, parse, run, argv)
 
 
 if __name__ == "__main__":
