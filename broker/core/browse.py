@@ -22,8 +22,10 @@ MAX_LIMIT = 500
 MAX_SCAN_LIMIT = 1_000_000
 MAX_EXPORT_LIMIT = 1_000_000
 EXPORT_CHUNK = 1000
+# Every read is of one partition, whose number the caller has: joining the partition table
+# for it made SQLite (without ANALYZE statistics) walk the partition by its offset index
+# instead of using the key or id index, 60 ms instead of 0.5 ms at 100,000 messages.
 _FIELDS = (
-    "partition__number",
     "offset",
     "timestamp_ms",
     "key",
@@ -60,8 +62,8 @@ def _check_limit(name: str, value: int, most: int) -> None:
         raise errors.InvalidRequest(f"{name} must be between 1 and {most}.", **{name: value})
 
 
-def _message(row: tuple[Any, ...]) -> BrowsedMessage:
-    number, offset, ts, key, tag, headers, value, is_json, client_id, size = row
+def _message(number: int, row: tuple[Any, ...]) -> BrowsedMessage:
+    offset, ts, key, tag, headers, value, is_json, client_id, size = row
     return BrowsedMessage(
         partition=number,
         offset=offset,
@@ -84,7 +86,7 @@ def _range(p: models.Partition, low: int, high: int, newest_first: bool) -> list
         .order_by(order)
         .values_list(*_FIELDS)
     )
-    return [_message(row) for row in rows]
+    return [_message(p.number, row) for row in rows]
 
 
 # Cursors: "n" (newest first) or "o" (oldest first), then "partition:offset" pairs. For "n" the
@@ -195,7 +197,7 @@ def get_message(
     )
     if row is None:
         raise errors.MessageNotFound(topic=topic_name, partition=partition, offset=offset)
-    return _message(row)
+    return _message(p.number, row)
 
 
 def search_messages(
@@ -253,7 +255,9 @@ def _indexed_search(
             query = query.filter(client_id=client_id)
         if tag is not None:
             query = query.filter(tag=tag)
-        candidates = [_message(r) for r in query.order_by("-offset").values_list(*_FIELDS)[:limit]]
+        candidates = [
+            _message(p.number, r) for r in query.order_by("-offset").values_list(*_FIELDS)[:limit]
+        ]
         found += [m for m in candidates if matches(m)]
     found.sort(key=lambda m: (m.timestamp_ms, m.partition, m.offset), reverse=True)
     return SearchResult(items=tuple(found[:limit]), scanned=0, complete=True, indexed=True)
@@ -282,7 +286,7 @@ def _scan(
             )
             if tag is not None:
                 query = query.filter(tag=tag)
-            chunk = [_message(r) for r in query.order_by("-offset").values_list(*_FIELDS)]
+            chunk = [_message(p.number, r) for r in query.order_by("-offset").values_list(*_FIELDS)]
             for m in chunk:
                 if matches(m) and len(hits) < limit:
                     hits.append(m)
@@ -374,6 +378,6 @@ def _export(
             if not chunk:
                 break
             for row in chunk:
-                yield export_line(_message(row))
+                yield export_line(_message(p.number, row))
             left -= len(chunk)
-            position = chunk[-1][1] + 1
+            position = chunk[-1][0] + 1
