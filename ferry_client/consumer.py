@@ -15,7 +15,7 @@ import httpx
 from ferry_client import transport, workers
 from ferry_client.pull import Poller
 from ferry_client.push import Subscriber
-from ferry_client.records import Subscription
+from ferry_client.records import Subscription, default_client_name
 
 Mode = Literal["push", "pull"]
 Start = Literal["committed", "earliest", "latest"]
@@ -59,6 +59,7 @@ class AsyncConsumer:
         ordered: bool = False,
         member_id: str | None = None,
         start: Start = "committed",
+        client: str | None = None,
         timeout: float = transport.DEFAULT_TIMEOUT_S,
         retries: int = 3,
         ack_interval_ms: int = DEFAULT_ACK_INTERVAL_MS,
@@ -88,6 +89,7 @@ class AsyncConsumer:
             filter=dict(filter) if filter is not None else None,
             start=start,
             member_id=member_id,
+            client=client if client is not None else default_client_name(),
         )
         self._member_id = member_id
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -194,6 +196,7 @@ class Consumer:
         ordered: bool = False,
         member_id: str | None = None,
         start: Start = "committed",
+        client: str | None = None,
         timeout: float = transport.DEFAULT_TIMEOUT_S,
         retries: int = 3,
         ack_interval_ms: int = DEFAULT_ACK_INTERVAL_MS,
@@ -212,6 +215,7 @@ class Consumer:
             ordered=ordered,
             member_id=member_id,
             start=start,
+            client=client,
             timeout=timeout,
             retries=retries,
             ack_interval_ms=ack_interval_ms,

@@ -121,6 +121,8 @@ class Poller:
         body: dict[str, Any] = {"topic": s.topic, "member_id": self.member_id}
         if s.filter is not None:
             body["filter"] = s.filter
+        if s.client:
+            body["client"] = s.client
         while True:
             try:
                 member = await self.rest.request("POST", f"/groups/{s.group}/members", json=body)

@@ -125,6 +125,8 @@ class Subscriber:
             frame["member_id"] = self.member_id
         if s.filter is not None:
             frame["filter"] = s.filter
+        if s.client:
+            frame["client"] = s.client
         await ws.send(json.dumps(frame))
         async with asyncio.timeout(self.timeout):
             while True:

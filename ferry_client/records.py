@@ -1,6 +1,8 @@
 """What the client sends and gets back: messages, send results, deliveries (docs/client.md)."""
 
 import base64
+import os
+import socket
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -147,9 +149,16 @@ class Subscription:
     filter: dict[str, Any] | None
     start: str
     member_id: str | None
+    # What this consumer calls itself (Kafka's client.id), shown with the member in the console.
+    client: str = ""
 
 
-# Send hooks (seed 001's 钩子函数, RocketMQ's SendMessageHook): called around every request.
+def default_client_name() -> str:
+    """The default client name, "ferry_client <host>:<pid>": which process a member is."""
+    return f"ferry_client {socket.gethostname()}:{os.getpid()}"[:100]
+
+
+# Send hooks (RocketMQ's SendMessageHook): called around every request.
 BeforeSend = Callable[[str, Sequence[Message]], None]
 AfterSend = Callable[[str, Sequence[Message], "Sequence[SendResult] | BaseException"], None]
 

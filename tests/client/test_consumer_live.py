@@ -1,6 +1,8 @@
 """Consumers against a real Daphne: push and pull, ack and nack, concurrency, order, failover."""
 
 import asyncio
+import os
+import socket
 import threading
 import time
 
@@ -48,6 +50,10 @@ def test_consumer__acks_what_the_handler_returns_from(
     with running(consumer):
         wait_for(lambda: len(seen) == 6, what="six messages")
         wait_for(lambda: settled(admin, "billing", topic), what="acks")
+        # The member says which process it is, for an operator reading the console.
+        [member] = admin.describe_group("billing")["members"]
+        assert member["client"] == f"ferry_client {socket.gethostname()}:{os.getpid()}"
+        assert member["host"].startswith("websocket" if mode == "push" else "rest")
     assert sorted(d.value for d in seen) == list(range(6))
     assert all(d.attempt == 1 and d.receipt and d.topic == topic for d in seen)
     # Stopping left the group.

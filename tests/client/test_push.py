@@ -7,6 +7,7 @@ import pytest
 from websockets.asyncio.server import serve
 
 from ferry_client import AsyncConsumer, Delivery, FerryError
+from ferry_client.records import default_client_name
 
 
 def item(offset, value):
@@ -95,6 +96,7 @@ async def test_subscriber__settles_on_the_socket_and_unsubscribes():
         "group": "g",
         "prefetch": 10,
         "from": "committed",
+        "client": default_client_name(),
     }
     by_type = {f["type"]: f for f in seen}
     assert by_type["ack"]["receipts"] == ["r0"]
