@@ -106,6 +106,8 @@
       if (o.prefetch) frame.prefetch = o.prefetch;
       if (o.from) frame.from = o.from;
       if (o.timestampMs !== undefined) frame.timestamp_ms = o.timestampMs;
+      // The name the member shows in the console: the page's own, else which page it is.
+      frame.client = (o.client || ("ferry.js " + location.pathname)).slice(0, 100);
       return frame;
     }
 
