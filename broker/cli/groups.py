@@ -236,17 +236,21 @@ def settings(info: records.GroupInfo) -> str:
     )
 
 
-def handle_reset(command: BaseCommand, options: dict[str, Any]) -> None:
+def reset_target(options: dict[str, Any]) -> str:
+    """Which reset the flags ask for (the local and the remote command share it)."""
     if options["to_earliest"]:
-        to = "earliest"
-    elif options["to_latest"]:
-        to = "latest"
-    elif options["to_timestamp"] is not None:
-        to = "timestamp"
-    elif options["shift_by"] is not None:
-        to = "shift"
-    else:
-        to = "offsets"
+        return "earliest"
+    if options["to_latest"]:
+        return "latest"
+    if options["to_timestamp"] is not None:
+        return "timestamp"
+    if options["shift_by"] is not None:
+        return "shift"
+    return "offsets"
+
+
+def handle_reset(command: BaseCommand, options: dict[str, Any]) -> None:
+    to = reset_target(options)
     group, topic = options["group"], options["topic"]
     target: dict[str, Any] = {
         "timestamp_ms": options["to_timestamp"],

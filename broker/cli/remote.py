@@ -13,6 +13,7 @@ from typing import Any
 import orjson
 from django.core.management.base import BaseCommand, CommandError
 
+from broker.cli import groups as groups_noun
 from broker.cli import produce as produce_noun
 from broker.cli import scheduled as scheduled_noun
 from broker.cli import table
@@ -358,16 +359,7 @@ def apikey_revoke(command: BaseCommand, options: dict[str, Any], remote: Remote)
 
 
 def groups_reset(command: BaseCommand, options: dict[str, Any], remote: Remote) -> None:
-    if options["to_earliest"]:
-        to = "earliest"
-    elif options["to_latest"]:
-        to = "latest"
-    elif options["to_timestamp"] is not None:
-        to = "timestamp"
-    elif options["shift_by"] is not None:
-        to = "shift"
-    else:
-        to = "offsets"
+    to = groups_noun.reset_target(options)
     result = remote.admin.reset_offsets(
         options["group"],
         options["topic"],
