@@ -7,8 +7,11 @@ of every row, which costs more than the database's own work for a thousand-row b
 import contextlib
 import functools
 from collections.abc import Iterator, Sequence
+from typing import TypeVar
 
 from django.db import connection, transaction
+from django.db.models import Model
+from django.utils import timezone
 
 # SQLite allows 32766 parameters per statement; a few hundred rows per INSERT is the sweet spot.
 SQLITE_MAX_PARAMETERS = 32766
@@ -90,3 +93,68 @@ def _synchronous_in(command: str) -> str:
         if name.lower() == "pragma synchronous":
             return value.strip()
     return "FULL"
+
+
+M = TypeVar("M", bound=Model)
+
+
+@functools.cache
+def _select_plan(model: type[Model], vendor: str) -> tuple[str, tuple[str, ...], tuple[list, ...]]:
+    """The model's SELECT list, its attribute names and each column's converters, made once.
+
+    What RawQuerySet works out on every call (column order, model init order, converters).
+    """
+    fields = model._meta.concrete_fields
+    table = model._meta.db_table
+    converters = tuple(
+        [*connection.ops.get_db_converters(f.get_col(table)), *f.get_db_converters(connection)]
+        for f in fields
+    )
+    columns = ", ".join(f'"{f.column}"' for f in fields)
+    # table and columns come from the model, never from input.
+    return f"SELECT {columns} FROM {table} ", tuple(f.attname for f in fields), converters  # noqa: S608
+
+
+def select_models(model: type[M], where: str, params: Sequence[object]) -> list[M]:
+    """Instances of model for `SELECT ... FROM its table <where>`, as the ORM would make them.
+
+    For queries every poll, push and settlement runs: model.objects.raw() costs more than the
+    database does for a one-row lookup.
+    """
+    select, names, converters = _select_plan(model, connection.vendor)
+    with connection.cursor() as cursor:
+        cursor.execute(select + where, params)
+        rows = cursor.fetchall()
+    found = []
+    for row in rows:
+        values = list(row)
+        for i, column_converters in enumerate(converters):
+            for convert in column_converters:
+                values[i] = convert(values[i], None, connection)
+        found.append(model.from_db(connection.alias, names, values))
+    return found
+
+
+def update_rows(rows: Sequence[Model], fields: Sequence[str]) -> None:
+    """UPDATE each row's fields by primary key in one executemany, as save(update_fields) would.
+
+    An auto_now field among fields is set to now, as save() does. Caller holds the transaction.
+    """
+    if not rows:
+        return
+    meta = rows[0]._meta
+    concrete = [meta.get_field(name) for name in fields]
+    now = timezone.now()
+    for field in concrete:
+        if getattr(field, "auto_now", False):
+            for row in rows:
+                setattr(row, field.attname, now)
+    sets = ", ".join(f'"{f.column}" = %s' for f in concrete)
+    # table and columns come from the model, never from input.
+    sql = f"UPDATE {meta.db_table} SET {sets} WHERE id = %s"  # noqa: S608
+    params = [
+        [*(f.get_db_prep_save(getattr(row, f.attname), connection) for f in concrete), row.pk]
+        for row in rows
+    ]
+    with connection.cursor() as cursor:
+        cursor.executemany(sql, params)
