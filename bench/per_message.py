@@ -35,7 +35,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import httpx
 import orjson
@@ -90,7 +89,9 @@ class Figures:
         self.rows.append((name, value, note))
 
 
-def sequential(client: httpx.Client, call: Callable[[httpx.Client], httpx.Response], n: int) -> list[float]:
+def sequential(
+    client: httpx.Client, call: Callable[[httpx.Client], httpx.Response], n: int
+) -> list[float]:
     """Milliseconds of n calls one after another, after an untimed warm-up."""
     for _ in range(min(100, n)):
         call(client).raise_for_status()
@@ -104,7 +105,9 @@ def sequential(client: httpx.Client, call: Callable[[httpx.Client], httpx.Respon
     return sorted(times)
 
 
-def concurrent_posts(url: str, path: str, headers: dict[str, str], body: bytes, total: int, clients: int, pid: int) -> tuple[float, float]:
+def concurrent_posts(
+    url: str, path: str, headers: dict[str, str], body: bytes, total: int, clients: int, pid: int
+) -> tuple[float, float]:
     """total POSTs from clients threads; returns (requests/s, server CPU seconds per request)."""
     failures: list[str] = []
 
@@ -200,9 +203,20 @@ async def end_to_end(ws_url: str, secret: str, topic: str) -> list[float]:
 
 
 def start_bare(port: int, log_path: Path) -> subprocess.Popen[bytes]:
-    command = [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "bare_asgi:application"]
+    command = [
+        sys.executable,
+        "-m",
+        "daphne",
+        "-b",
+        "127.0.0.1",
+        "-p",
+        str(port),
+        "bare_asgi:application",
+    ]
     with open(log_path, "wb") as log_file:
-        return subprocess.Popen(command, cwd=ROOT / "bench", stdout=log_file, stderr=subprocess.STDOUT)
+        return subprocess.Popen(
+            command, cwd=ROOT / "bench", stdout=log_file, stderr=subprocess.STDOUT
+        )
 
 
 def wait_bare(url: str, proc: subprocess.Popen[bytes]) -> None:
@@ -251,24 +265,42 @@ def run(args: argparse.Namespace, tmp: Path, fig: Figures) -> dict[str, float]:
 
         progress("sequential round trips: bare ASGI app, health, single-message produce")
         with httpx.Client(base_url=bare_url, headers=headers) as client:
-            bare_times = sequential(client, lambda c: c.post("/", content=RICH_BODY), scaled(SEQUENTIAL))
+            bare_times = sequential(
+                client, lambda c: c.post("/", content=RICH_BODY), scaled(SEQUENTIAL)
+            )
         with httpx.Client(base_url=url, headers=headers) as client:
             health = sequential(client, lambda c: c.get("/api/v1/health"), scaled(SEQUENTIAL) // 2)
-            produce = sequential(client, lambda c: c.post(path, content=RICH_BODY), scaled(SEQUENTIAL))
+            produce = sequential(
+                client, lambda c: c.post(path, content=RICH_BODY), scaled(SEQUENTIAL)
+            )
         out["bare_p50"], out["produce_p50"] = p(bare_times, 0.5), p(produce, 0.5)
-        fig.add("bare ASGI round trip", f"p50 {p(bare_times, 0.5):.2f} ms, p99 {p(bare_times, 0.99):.2f} ms")
-        fig.add("GET /api/v1/health", f"p50 {p(health, 0.5):.2f} ms, p99 {p(health, 0.99):.2f} ms", f"{p(health, 0.5) / out['bare_p50']:.1f}x bare")
+        fig.add(
+            "bare ASGI round trip",
+            f"p50 {p(bare_times, 0.5):.2f} ms, p99 {p(bare_times, 0.99):.2f} ms",
+        )
+        fig.add(
+            "GET /api/v1/health",
+            f"p50 {p(health, 0.5):.2f} ms, p99 {p(health, 0.99):.2f} ms",
+            f"{p(health, 0.5) / out['bare_p50']:.1f}x bare",
+        )
         fig.add(
             "single-message produce (key, headers, bytes)",
             f"p50 {p(produce, 0.5):.2f} ms, p99 {p(produce, 0.99):.2f} ms",
-            f"{out['produce_p50'] / out['bare_p50']:.1f}x bare (target <= {TARGET_PRODUCE_VS_BARE:.0f}x)",
+            f"{out['produce_p50'] / out['bare_p50']:.1f}x bare "
+            f"(target <= {TARGET_PRODUCE_VS_BARE:.0f}x)",
         )
 
         progress(f"server CPU per request, {CPU_CLIENTS} concurrent clients")
         total = scaled(CONCURRENT_MESSAGES)
-        bare_rate, bare_cpu = concurrent_posts(bare_url, "/", headers, RICH_BODY, total, CPU_CLIENTS, bare.pid)
+        bare_rate, bare_cpu = concurrent_posts(
+            bare_url, "/", headers, RICH_BODY, total, CPU_CLIENTS, bare.pid
+        )
         out["bare_cpu_ms"] = bare_cpu * 1000
-        fig.add(f"bare ASGI x{CPU_CLIENTS}", f"{bare_rate:,.0f} req/s", f"server CPU {bare_cpu * 1e3:.3f} ms/request")
+        fig.add(
+            f"bare ASGI x{CPU_CLIENTS}",
+            f"{bare_rate:,.0f} req/s",
+            f"server CPU {bare_cpu * 1e3:.3f} ms/request",
+        )
         for clients in CONCURRENT:
             rate, cpu = concurrent_posts(url, path, headers, RICH_BODY, total, clients, server.pid)
             note = f"server CPU {cpu * 1e3:.3f} ms/msg"
@@ -287,7 +319,11 @@ def run(args: argparse.Namespace, tmp: Path, fig: Figures) -> dict[str, float]:
         rate = asyncio.run(consume_one_by_one(ws_url, secret, consume_topic, count))
         cpu = (cpu_seconds(server.pid) - cpu0) / count
         out["consume_msgs_s"] = rate
-        fig.add("WS consume prefetch 2, ack each", f"{rate:,.0f} msgs/s", f"server CPU {cpu * 1e3:.3f} ms/msg (target >= {TARGET_CONSUME_MSGS_S:,})")
+        fig.add(
+            "WS consume prefetch 2, ack each",
+            f"{rate:,.0f} msgs/s",
+            f"server CPU {cpu * 1e3:.3f} ms/msg (target >= {TARGET_CONSUME_MSGS_S:,})",
+        )
 
         progress(f"end to end: {LATENCY_RATE} single-message publishes/s for {LATENCY_SECONDS} s")
         e2e = asyncio.run(end_to_end(ws_url, secret, e2e_topic))
@@ -305,7 +341,9 @@ def run(args: argparse.Namespace, tmp: Path, fig: Figures) -> dict[str, float]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--scale", type=float, default=1.0, help="multiply every count (default 1.0)")
+    parser.add_argument(
+        "--scale", type=float, default=1.0, help="multiply every count (default 1.0)"
+    )
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     tmp = Path(tempfile.mkdtemp(prefix="ferry-bench-"))

@@ -74,7 +74,6 @@ application = ProtocolTypeRouter(
 )
 
 
-
 def skip_twisted_form_parsing() -> None:
     """Under Daphne, do not let Twisted parse a POST's Content-Type as a form.
 

@@ -6,8 +6,8 @@ of every row, which costs more than the database's own work for a thousand-row b
 
 import contextlib
 import functools
-from collections.abc import Iterator, Sequence
-from typing import TypeVar
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TypeVar
 
 from django.db import connection, transaction
 from django.db.models import Model
@@ -98,24 +98,31 @@ def _synchronous_in(command: str) -> str:
 M = TypeVar("M", bound=Model)
 
 
+Converter = tuple[Callable[[Any, Any, Any], Any], Any]
+
+
 @functools.cache
-def _select_plan(model: type[Model], vendor: str) -> tuple[str, tuple[str, ...], tuple[list, ...]]:
+def _select_plan(
+    model: type[Model], vendor: str
+) -> tuple[str, tuple[str, ...], tuple[tuple[Converter, ...], ...]]:
     """The model's SELECT list, its attribute names and each column's converters, made once.
 
     What RawQuerySet works out on every call (column order, model init order, converters).
     """
-    fields = model._meta.concrete_fields
+    fields: list[Any] = list(model._meta.concrete_fields)
     table = model._meta.db_table
-    converters = tuple(
-        [*connection.ops.get_db_converters(f.get_col(table)), *f.get_db_converters(connection)]
-        for f in fields
-    )
+    converters = []
+    for f in fields:
+        col = f.get_col(table)
+        found = [*connection.ops.get_db_converters(col), *f.get_db_converters(connection)]
+        converters.append(tuple((convert, col) for convert in found))
     columns = ", ".join(f'"{f.column}"' for f in fields)
     # table and columns come from the model, never from input.
-    return f"SELECT {columns} FROM {table} ", tuple(f.attname for f in fields), converters  # noqa: S608
+    select = f"SELECT {columns} FROM {table} "  # noqa: S608
+    return select, tuple(f.attname for f in fields), tuple(converters)
 
 
-def select_models(model: type[M], where: str, params: Sequence[object]) -> list[M]:
+def select_models(model: type[M], where: str, params: Sequence[Any]) -> list[M]:
     """Instances of model for `SELECT ... FROM its table <where>`, as the ORM would make them.
 
     For queries every poll, push and settlement runs: model.objects.raw() costs more than the
@@ -129,8 +136,8 @@ def select_models(model: type[M], where: str, params: Sequence[object]) -> list[
     for row in rows:
         values = list(row)
         for i, column_converters in enumerate(converters):
-            for convert in column_converters:
-                values[i] = convert(values[i], None, connection)
+            for convert, col in column_converters:
+                values[i] = convert(values[i], col, connection)
         found.append(model.from_db(connection.alias, names, values))
     return found
 
@@ -143,7 +150,7 @@ def update_rows(rows: Sequence[Model], fields: Sequence[str]) -> None:
     if not rows:
         return
     meta = rows[0]._meta
-    concrete = [meta.get_field(name) for name in fields]
+    concrete: list[Any] = [meta.get_field(name) for name in fields]
     now = timezone.now()
     for field in concrete:
         if getattr(field, "auto_now", False):

@@ -175,11 +175,12 @@ def _member(
 ) -> tuple[models.ConsumerGroup, models.GroupMember]:
     """The group (locked if lock) and the member; MemberNotFound when gone (expired or left)."""
     group = find_group(group_name, lock)
-    member = (
-        next(iter(bulk.select_models(models.GroupMember, WHERE_MEMBER, [group.id, member_id])), None)
+    found = (
+        bulk.select_models(models.GroupMember, WHERE_MEMBER, [group.id, member_id])
         if group is not None
-        else None
+        else []
     )
+    member = found[0] if found else None
     if group is None or member is None:
         raise errors.MemberNotFound(group=group_name, member_id=member_id)
     return group, member
