@@ -8,9 +8,12 @@ per request on the hot paths (docs/benchmarks.md).
 import gc
 import os
 import sys
+import threading
 from typing import Any
 
+from asgiref.sync import SyncToAsync
 from django.core.asgi import get_asgi_application
+from django.db.backends.signals import connection_created
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "mqsite.settings")
 django_asgi_app = get_asgi_application()
@@ -48,6 +51,24 @@ class ApiHandler(ASGIHandler):
 
 
 api_asgi_app = ApiHandler()
+
+
+def _keep_api_thread_connection(sender: Any, connection: Any, **kwargs: Any) -> None:
+    """Keep the database connection of the one thread the API's sync views run on.
+
+    With CONN_MAX_AGE=0 (see mqsite/settings.py) Django closes a request's connection when it
+    ends, so each sync API call (health, topic metadata, management) opened a new one and
+    started with a cold page cache: most of its cost (docs/benchmarks.md). This thread lives as
+    long as the process, so its connection is kept, and still closed at a request's end when an
+    error left it unusable (close_if_unusable_or_obsolete).
+    """
+    # The thread of asgiref's single-thread executor: ApiHandler enters no
+    # ThreadSensitiveContext, so sync code of API requests runs there (and only there).
+    if threading.current_thread() in SyncToAsync.single_thread_executor._threads:
+        connection.close_at = None
+
+
+connection_created.connect(_keep_api_thread_connection)
 
 
 # Bodies being parsed at once are bounded (503 busy beyond FERRY_MAX_PARSING_BYTES).
