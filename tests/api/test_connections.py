@@ -17,7 +17,7 @@ async def test_sync_api_requests_reuse_one_connection():
         opened.append(connection)
 
     connection_created.connect(record)
-    transport = httpx.ASGITransport(app=api_asgi_app)
+    transport = httpx.ASGITransport(app=api_asgi_app)  # type: ignore[arg-type]
     try:
         async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as c:
             for _ in range(20):
