@@ -7,9 +7,13 @@ per request on the hot paths (docs/benchmarks.md).
 
 import gc
 import os
+import sys
+import threading
 from typing import Any
 
+from asgiref.sync import SyncToAsync
 from django.core.asgi import get_asgi_application
+from django.db.backends.signals import connection_created
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "mqsite.settings")
 django_asgi_app = get_asgi_application()
@@ -49,6 +53,24 @@ class ApiHandler(ASGIHandler):
 api_asgi_app = ApiHandler()
 
 
+def _keep_api_thread_connection(sender: Any, connection: Any, **kwargs: Any) -> None:
+    """Keep the database connection of the one thread the API's sync views run on.
+
+    With CONN_MAX_AGE=0 (see mqsite/settings.py) Django closes a request's connection when it
+    ends, so each sync API call (health, topic metadata, management) opened a new one and
+    started with a cold page cache: most of its cost (docs/benchmarks.md). This thread lives as
+    long as the process, so its connection is kept, and still closed at a request's end when an
+    error left it unusable (close_if_unusable_or_obsolete).
+    """
+    # The thread of asgiref's single-thread executor: ApiHandler enters no
+    # ThreadSensitiveContext, so sync code of API requests runs there (and only there).
+    if threading.current_thread() in SyncToAsync.single_thread_executor._threads:
+        connection.close_at = None
+
+
+connection_created.connect(_keep_api_thread_connection)
+
+
 # Bodies being parsed at once are bounded (503 busy beyond FERRY_MAX_PARSING_BYTES).
 budgeted_api_app = middleware.parsing_budget(api_asgi_app)
 
@@ -72,8 +94,30 @@ application = ProtocolTypeRouter(
     }
 )
 
+
+def skip_twisted_form_parsing() -> None:
+    """Under Daphne, do not let Twisted parse a POST's Content-Type as a form.
+
+    Twisted's Request parses the Content-Type of every POST with the email package, to fill
+    request.args for form bodies, which Daphne never reads: it cost a tenth of the server CPU
+    of a single-message produce (docs/benchmarks.md#the-per-message-path).
+    """
+    if "daphne.server" not in sys.modules:
+        return
+    from daphne.http_protocol import WebRequest  # type: ignore[import-untyped]
+
+    init = WebRequest.__init__
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        self._parsePOSTFormSubmission = False
+
+    WebRequest.__init__ = __init__
+
+
 background.start()
 consumers.hook_daphne()
+skip_twisted_form_parsing()
 
 # The server's long-lived objects (Django, Ninja, pydantic schemas) are moved out of the
 # collector's reach, and young collections run less often: a produce batch allocates thousands

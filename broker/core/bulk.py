@@ -6,9 +6,12 @@ of every row, which costs more than the database's own work for a thousand-row b
 
 import contextlib
 import functools
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TypeVar
 
 from django.db import connection, transaction
+from django.db.models import Model
+from django.utils import timezone
 
 # SQLite allows 32766 parameters per statement; a few hundred rows per INSERT is the sweet spot.
 SQLITE_MAX_PARAMETERS = 32766
@@ -90,3 +93,75 @@ def _synchronous_in(command: str) -> str:
         if name.lower() == "pragma synchronous":
             return value.strip()
     return "FULL"
+
+
+M = TypeVar("M", bound=Model)
+
+
+Converter = tuple[Callable[[Any, Any, Any], Any], Any]
+
+
+@functools.cache
+def _select_plan(
+    model: type[Model], vendor: str
+) -> tuple[str, tuple[str, ...], tuple[tuple[Converter, ...], ...]]:
+    """The model's SELECT list, its attribute names and each column's converters, made once.
+
+    What RawQuerySet works out on every call (column order, model init order, converters).
+    """
+    fields: list[Any] = list(model._meta.concrete_fields)
+    table = model._meta.db_table
+    converters = []
+    for f in fields:
+        col = f.get_col(table)
+        found = [*connection.ops.get_db_converters(col), *f.get_db_converters(connection)]
+        converters.append(tuple((convert, col) for convert in found))
+    columns = ", ".join(f'"{f.column}"' for f in fields)
+    # table and columns come from the model, never from input.
+    select = f"SELECT {columns} FROM {table} "  # noqa: S608
+    return select, tuple(f.attname for f in fields), tuple(converters)
+
+
+def select_models(model: type[M], where: str, params: Sequence[Any]) -> list[M]:
+    """Instances of model for `SELECT ... FROM its table <where>`, as the ORM would make them.
+
+    For queries every poll, push and settlement runs: model.objects.raw() costs more than the
+    database does for a one-row lookup.
+    """
+    select, names, converters = _select_plan(model, connection.vendor)
+    with connection.cursor() as cursor:
+        cursor.execute(select + where, params)
+        rows = cursor.fetchall()
+    found = []
+    for row in rows:
+        values = list(row)
+        for i, column_converters in enumerate(converters):
+            for convert, col in column_converters:
+                values[i] = convert(values[i], col, connection)
+        found.append(model.from_db(connection.alias, names, values))
+    return found
+
+
+def update_rows(rows: Sequence[Model], fields: Sequence[str]) -> None:
+    """UPDATE each row's fields by primary key in one executemany, as save(update_fields) would.
+
+    An auto_now field among fields is set to now, as save() does. Caller holds the transaction.
+    """
+    if not rows:
+        return
+    meta = rows[0]._meta
+    concrete: list[Any] = [meta.get_field(name) for name in fields]
+    now = timezone.now()
+    for field in concrete:
+        if getattr(field, "auto_now", False):
+            for row in rows:
+                setattr(row, field.attname, now)
+    sets = ", ".join(f'"{f.column}" = %s' for f in concrete)
+    # table and columns come from the model, never from input.
+    sql = f"UPDATE {meta.db_table} SET {sets} WHERE id = %s"  # noqa: S608
+    params = [
+        [*(f.get_db_prep_save(getattr(row, f.attname), connection) for f in concrete), row.pk]
+        for row in rows
+    ]
+    with connection.cursor() as cursor:
+        cursor.executemany(sql, params)

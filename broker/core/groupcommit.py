@@ -17,7 +17,7 @@ from typing import Any
 from django.db import IntegrityError, transaction
 
 from broker import models
-from broker.core import dbthreads, errors, log
+from broker.core import bulk, dbthreads, errors, log
 from broker.core.groups import positions
 from broker.core.records import AppendResult, NewMessage, Principal
 
@@ -44,7 +44,7 @@ def append_batches(
     known = {}
     for name in {r[1] for r in requests}:
         # Raw SQL: the ORM would compile the query for every group commit.
-        topic = next(iter(models.Topic.objects.raw(positions.SELECT_TOPIC, [name])), None)
+        topic = next(iter(bulk.select_models(models.Topic, positions.WHERE_TOPIC, [name])), None)
         if topic is not None:
             known[name] = topic
     for i, (principal, topic_name, messages) in enumerate(requests):

@@ -209,4 +209,4 @@ def recompute_committed(rows: dict[OffsetKey, models.GroupOffset]) -> None:
         if target != row.committed_offset:
             row.committed_offset = target
             changed.append(row)
-    models.GroupOffset.objects.bulk_update(changed, ["committed_offset"])
+    bulk.update_rows(changed, ["committed_offset"])

@@ -328,10 +328,12 @@ class _Batch:
         at its first new run, or at its delivered offset.
         """
         if self.deleted:
-            for row in offsets.values():
-                row.save(update_fields=["delivered_offset", "filtered_count", "updated_at"])
+            bulk.update_rows(
+                list(offsets.values()), ["delivered_offset", "filtered_count", "updated_at"]
+            )
             inflight.recompute_committed(offsets)
             return
+        moved = []
         for row in offsets.values():
             before = self.before[row.partition_id]
             if before[0] >= before[1]:
@@ -341,14 +343,10 @@ class _Batch:
                 else:
                     row.committed_offset = max(row.delivered_offset, row.committed_offset)
             if (row.committed_offset, row.delivered_offset, row.filtered_count) != before:
-                row.save(
-                    update_fields=[
-                        "committed_offset",
-                        "delivered_offset",
-                        "filtered_count",
-                        "updated_at",
-                    ]
-                )
+                moved.append(row)
+        bulk.update_rows(
+            moved, ["committed_offset", "delivered_offset", "filtered_count", "updated_at"]
+        )
 
     def store(self) -> None:
         if self.auto_ack:

@@ -11,7 +11,7 @@ from django.db import IntegrityError, transaction
 
 from broker import models
 from broker import settings as ferry_settings
-from broker.core import dbthreads, errors, events, keys, log, membership, topics
+from broker.core import bulk, dbthreads, errors, events, keys, log, membership, topics
 from broker.core.groups import info
 from broker.core.records import (
     GroupTopicOffsets,
@@ -28,13 +28,13 @@ def topic_for_consume(principal: Principal, topic_name: str) -> models.Topic:
     topics.validate_name(topic_name)
     keys.require(principal, topic_name, "consume")
     # Raw SQL: every poll and push asks, and the ORM would compile the query each time.
-    topic = next(iter(models.Topic.objects.raw(SELECT_TOPIC, [topic_name])), None)
+    topic = next(iter(bulk.select_models(models.Topic, WHERE_TOPIC, [topic_name])), None)
     if topic is None:
         raise errors.TopicNotFound(name=topic_name)
     return topic
 
 
-SELECT_TOPIC = "SELECT * FROM broker_topic WHERE name = %s"
+WHERE_TOPIC = "WHERE name = %s"
 
 
 def ensure_offsets(

@@ -10,7 +10,7 @@ from django.db import connection, transaction
 
 from broker import models
 from broker import settings as ferry_settings
-from broker.core import errors, filters, inflight, keys, log, topics
+from broker.core import bulk, errors, filters, inflight, keys, log, topics
 from broker.core.membership import rebalancing
 from broker.core.records import MemberInfo, MemberSummary, Principal
 
@@ -153,8 +153,8 @@ def _start_positions(
 
 
 # Raw SQL on every member poll and push: the ORM would compile these queries each time.
-SELECT_GROUP = "SELECT * FROM broker_consumergroup WHERE name = %s"
-SELECT_MEMBER = "SELECT * FROM broker_groupmember WHERE group_id = %s AND member_id = %s"
+WHERE_GROUP = "WHERE name = %s"
+WHERE_MEMBER = "WHERE group_id = %s AND member_id = %s"
 SELECT_LEASES = (
     "SELECT partition_id FROM broker_partitionlease WHERE group_id = %s AND member_id = %s"
 )
@@ -164,10 +164,10 @@ SELECT_PARTITIONS = "SELECT id FROM broker_partition WHERE topic_id = %s"
 def find_group(group_name: str, lock: bool = False) -> models.ConsumerGroup | None:
     """The group by name, or None; locked (the group lock) if lock. Raw SQL: every member
     poll, push and settlement looks its group up, and the ORM would compile the query."""
-    sql = SELECT_GROUP
+    sql = WHERE_GROUP
     if lock and connection.vendor == "postgresql":
         sql += " FOR NO KEY UPDATE"  # the group lock (see rebalancing.locked_group)
-    return next(iter(models.ConsumerGroup.objects.raw(sql, [group_name])), None)
+    return next(iter(bulk.select_models(models.ConsumerGroup, sql, [group_name])), None)
 
 
 def _member(
@@ -175,11 +175,12 @@ def _member(
 ) -> tuple[models.ConsumerGroup, models.GroupMember]:
     """The group (locked if lock) and the member; MemberNotFound when gone (expired or left)."""
     group = find_group(group_name, lock)
-    member = (
-        next(iter(models.GroupMember.objects.raw(SELECT_MEMBER, [group.id, member_id])), None)
+    found = (
+        bulk.select_models(models.GroupMember, WHERE_MEMBER, [group.id, member_id])
         if group is not None
-        else None
+        else []
     )
+    member = found[0] if found else None
     if group is None or member is None:
         raise errors.MemberNotFound(group=group_name, member_id=member_id)
     return group, member

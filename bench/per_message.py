@@ -1,0 +1,364 @@
+"""The per-message path: one event per request, one ack per message, and the latency between.
+
+Run by `make bench` (scripts/bench), once on SQLite and once on PostgreSQL; not part of the test
+suite (STYLE.md §6). One process, one machine, one run; beside Ferry it measures the references
+anyone can reproduce on the same machine:
+
+1. a bare ASGI app (bench/bare_asgi.py) under the same Daphne: the sequential round trip, and
+   the server CPU per request with 16 concurrent clients;
+2. a raw single-row INSERT + COMMIT into the same database (the broker's own row and statement);
+3. Ferry: a sequential single-message produce with key, headers and a binary value (p50/p99),
+   and GET /api/v1/health;
+4. single-message produce from 1, 4, 16 and 64 concurrent producers: msgs/s, and the server
+   CPU per message (from /proc/<pid>/stat of the Daphne process, so the load generator on the
+   same cores does not count);
+5. WebSocket consume with prefetch 2 and an ack frame per message;
+6. end to end: single-message publish frames at 1,000 msgs/s to a WebSocket subscriber, p50/p99;
+7. prints every figure with its ratio to the reference and the target (issue 12), and stops
+   both servers by their PIDs (always).
+
+    .venv/bin/python bench/per_message.py [--scale 0.2]
+"""
+
+import argparse
+import asyncio
+import base64
+import functools
+import os
+import platform
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import orjson
+from produce_fetch import (
+    ROOT,
+    command_line,
+    create_fixtures,
+    database_description,
+    free_port,
+    progress,
+    run_together,
+    setup_django,
+    start_daphne,
+    stop_daphne,
+    wait_healthy,
+)
+from websocket import expect, frame, open_ws, percentile, receive, subscribe
+
+SEQUENTIAL = 2000
+CONCURRENT = (1, 4, 16, 64)
+CONCURRENT_MESSAGES = 4000
+CPU_CLIENTS = 16
+CONSUME_MESSAGES = 5000
+LATENCY_RATE = 1000
+LATENCY_SECONDS = 5
+# A produce as a webhook or a browser sends it: a key, two headers and 200 binary bytes.
+RICH_MESSAGE = {
+    "key": "user-42",
+    "headers": {"source": "web", "trace": "4bf92f3577b34da6"},
+    "value_b64": base64.b64encode(bytes(range(200))).decode(),
+}
+RICH_BODY = orjson.dumps({"messages": [RICH_MESSAGE]})
+TARGET_PRODUCE_VS_BARE = 3.0
+TARGET_CPU_VS_BARE = 3.0
+TARGET_CONSUME_MSGS_S = 2000
+TARGET_E2E_P50_MS, TARGET_E2E_P99_MS = 3.0, 8.0
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of a process so far (its threads included)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS
+
+
+@dataclass
+class Figures:
+    rows: list[tuple[str, str, str]] = field(default_factory=list)
+
+    def add(self, name: str, value: str, note: str = "") -> None:
+        progress(f"  {name}: {value} {note}")
+        self.rows.append((name, value, note))
+
+
+def sequential(
+    client: httpx.Client, call: Callable[[httpx.Client], httpx.Response], n: int
+) -> list[float]:
+    """Milliseconds of n calls one after another, after an untimed warm-up."""
+    for _ in range(min(100, n)):
+        call(client).raise_for_status()
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        response = call(client)
+        times.append((time.perf_counter() - t0) * 1000)
+        if response.status_code >= 300:
+            raise RuntimeError(f"{response.status_code} {response.text[:300]}")
+    return sorted(times)
+
+
+def concurrent_posts(
+    url: str, path: str, headers: dict[str, str], body: bytes, total: int, clients: int, pid: int
+) -> tuple[float, float]:
+    """total POSTs from clients threads; returns (requests/s, server CPU seconds per request)."""
+    failures: list[str] = []
+
+    def work(count: int) -> None:
+        with httpx.Client(base_url=url, headers=headers, timeout=60) as client:
+            client.post(path, content=body).raise_for_status()  # warm-up, untimed
+            barrier.wait()
+            for _ in range(count):
+                response = client.post(path, content=body)
+                if response.status_code >= 300:
+                    failures.append(f"{response.status_code} {response.text[:300]}")
+                    return
+
+    barrier = threading.Barrier(clients + 1)
+    shares = [total // clients + (1 if i < total % clients else 0) for i in range(clients)]
+    cpu0 = cpu_seconds(pid)
+    seconds = run_together([functools.partial(work, n) for n in shares], barrier)
+    cpu = cpu_seconds(pid) - cpu0
+    if failures:
+        raise RuntimeError(f"concurrent produce failed: {failures[0]}")
+    return total / seconds, cpu / total
+
+
+def raw_single_inserts(partition_id: int, n: int) -> list[float]:
+    """Milliseconds of n single-row INSERT + COMMIT through Django's cursor (the broker's row)."""
+    from django.db import connection, transaction
+
+    from broker.core.log import INSERT_MESSAGES, now_ms
+
+    headers = orjson.dumps(RICH_MESSAGE["headers"]).decode()
+    value = bytes(range(200))
+    times = []
+    for i in range(n + 100):
+        t0 = time.perf_counter()
+        with transaction.atomic(durable=True), connection.cursor() as cursor:
+            cursor.execute(
+                INSERT_MESSAGES,
+                (partition_id, i, now_ms(), "user-42", None, headers, value, False, 200, None),
+            )
+        if i >= 100:
+            times.append((time.perf_counter() - t0) * 1000)
+    return sorted(times)
+
+
+async def consume_one_by_one(ws_url: str, secret: str, topic: str, total: int) -> float:
+    """msgs/s of a subscriber with prefetch 2 that sends an ack frame for each message."""
+    async with await open_ws(ws_url, secret) as ws:
+        await subscribe(ws, topic, "bench-per-message", prefetch=2)
+        got = 0
+        started = time.perf_counter()
+        while got < total:
+            data = await receive(ws)
+            if data["type"] != "messages":
+                continue
+            for m in data["items"]:
+                got += 1
+                await ws.send(frame(type="ack", sub="s", receipts=[m["receipt"]]))
+        return total / (time.perf_counter() - started)
+
+
+async def end_to_end(ws_url: str, secret: str, topic: str) -> list[float]:
+    """Milliseconds from a single-message publish frame to its arrival, at LATENCY_RATE."""
+    total = LATENCY_RATE * LATENCY_SECONDS
+    async with await open_ws(ws_url, secret) as sub, await open_ws(ws_url, secret) as pub:
+        await subscribe(sub, topic, "bench-e2e", prefetch=64, **{"from": "latest"})
+        arrived: dict[int, float] = {}
+
+        async def listen() -> None:
+            while len(arrived) < total:
+                data = await receive(sub)
+                if data["type"] == "messages":
+                    now = time.perf_counter()
+                    for m in data["items"]:
+                        arrived[m["value"]] = now
+                    receipts = [m["receipt"] for m in data["items"]]
+                    await sub.send(frame(type="ack", sub="s", receipts=receipts))
+
+        async def answers() -> None:
+            for _ in range(total):
+                await expect(pub, "published")
+
+        sent_at: dict[int, float] = {}
+        tasks = asyncio.gather(listen(), answers())
+        start = time.perf_counter()
+        for i in range(total):
+            delay = start + i / LATENCY_RATE - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            sent_at[i] = time.perf_counter()
+            await pub.send(frame(type="publish", topic=topic, messages=[{"value": i}]))
+        await asyncio.wait_for(tasks, 120)
+    return sorted((arrived[i] - sent_at[i]) * 1000 for i in range(total))
+
+
+def start_bare(port: int, log_path: Path) -> subprocess.Popen[bytes]:
+    command = [
+        sys.executable,
+        "-m",
+        "daphne",
+        "-b",
+        "127.0.0.1",
+        "-p",
+        str(port),
+        "bare_asgi:application",
+    ]
+    with open(log_path, "wb") as log_file:
+        return subprocess.Popen(
+            command, cwd=ROOT / "bench", stdout=log_file, stderr=subprocess.STDOUT
+        )
+
+
+def wait_bare(url: str, proc: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            httpx.post(url, content=b"{}", timeout=1).raise_for_status()
+            return
+        except httpx.TransportError:
+            time.sleep(0.1)
+    raise RuntimeError("the bare ASGI app did not start")
+
+
+def p(values: list[float], fraction: float) -> float:
+    return percentile(values, fraction)
+
+
+def run(args: argparse.Namespace, tmp: Path, fig: Figures) -> dict[str, float]:
+    from django.db import connections
+
+    scaled = lambda n: max(10, round(n * args.scale))  # noqa: E731
+    stamp = time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}"
+    secret, topic, _, scratch_partition = create_fixtures(stamp)
+    from broker.core import keys, topics
+
+    consume_topic, e2e_topic = f"bench-pm-consume-{stamp}", f"bench-pm-e2e-{stamp}"
+    topics.create_topic(keys.CONSOLE, consume_topic, 1)
+    topics.create_topic(keys.CONSOLE, e2e_topic, 1)
+    out: dict[str, float] = {}
+
+    progress("raw single-row INSERT + COMMIT into the same database")
+    raw = raw_single_inserts(scratch_partition, scaled(SEQUENTIAL))
+    out["raw_p50"] = p(raw, 0.5)
+    fig.add("raw insert+commit, one row", f"p50 {p(raw, 0.5):.2f} ms, p99 {p(raw, 0.99):.2f} ms")
+    connections.close_all()
+
+    bare_port, port = free_port(), free_port()
+    bare = start_bare(bare_port, tmp / "bare.log")
+    server = start_daphne(port, tmp / "daphne.log")
+    try:
+        bare_url, url = f"http://127.0.0.1:{bare_port}", f"http://127.0.0.1:{port}"
+        wait_bare(bare_url, bare)
+        wait_healthy(url, server, tmp / "daphne.log")
+        headers = {"Authorization": f"Bearer {secret}", "Content-Type": "application/json"}
+        path = f"/api/v1/topics/{topic}/messages"
+
+        progress("sequential round trips: bare ASGI app, health, single-message produce")
+        with httpx.Client(base_url=bare_url, headers=headers) as client:
+            bare_times = sequential(
+                client, lambda c: c.post("/", content=RICH_BODY), scaled(SEQUENTIAL)
+            )
+        with httpx.Client(base_url=url, headers=headers) as client:
+            health = sequential(client, lambda c: c.get("/api/v1/health"), scaled(SEQUENTIAL) // 2)
+            produce = sequential(
+                client, lambda c: c.post(path, content=RICH_BODY), scaled(SEQUENTIAL)
+            )
+        out["bare_p50"], out["produce_p50"] = p(bare_times, 0.5), p(produce, 0.5)
+        fig.add(
+            "bare ASGI round trip",
+            f"p50 {p(bare_times, 0.5):.2f} ms, p99 {p(bare_times, 0.99):.2f} ms",
+        )
+        fig.add(
+            "GET /api/v1/health",
+            f"p50 {p(health, 0.5):.2f} ms, p99 {p(health, 0.99):.2f} ms",
+            f"{p(health, 0.5) / out['bare_p50']:.1f}x bare",
+        )
+        fig.add(
+            "single-message produce (key, headers, bytes)",
+            f"p50 {p(produce, 0.5):.2f} ms, p99 {p(produce, 0.99):.2f} ms",
+            f"{out['produce_p50'] / out['bare_p50']:.1f}x bare "
+            f"(target <= {TARGET_PRODUCE_VS_BARE:.0f}x)",
+        )
+
+        progress(f"server CPU per request, {CPU_CLIENTS} concurrent clients")
+        total = scaled(CONCURRENT_MESSAGES)
+        bare_rate, bare_cpu = concurrent_posts(
+            bare_url, "/", headers, RICH_BODY, total, CPU_CLIENTS, bare.pid
+        )
+        out["bare_cpu_ms"] = bare_cpu * 1000
+        fig.add(
+            f"bare ASGI x{CPU_CLIENTS}",
+            f"{bare_rate:,.0f} req/s",
+            f"server CPU {bare_cpu * 1e3:.3f} ms/request",
+        )
+        for clients in CONCURRENT:
+            rate, cpu = concurrent_posts(url, path, headers, RICH_BODY, total, clients, server.pid)
+            note = f"server CPU {cpu * 1e3:.3f} ms/msg"
+            if clients == CPU_CLIENTS:
+                out["produce_cpu_ms"] = cpu * 1000
+                note += f" = {cpu / bare_cpu:.1f}x bare (target <= {TARGET_CPU_VS_BARE:.0f}x)"
+            fig.add(f"single-message produce x{clients}", f"{rate:,.0f} msgs/s", note)
+
+        progress("WebSocket consume, prefetch 2, an ack frame per message")
+        count = scaled(CONSUME_MESSAGES)
+        with httpx.Client(base_url=url, headers=headers, timeout=60) as client:
+            body = orjson.dumps({"messages": [{"value": i} for i in range(count)]})
+            client.post(f"/api/v1/topics/{consume_topic}/messages", content=body).raise_for_status()
+        ws_url = f"ws://127.0.0.1:{port}/ws/v1/"
+        cpu0 = cpu_seconds(server.pid)
+        rate = asyncio.run(consume_one_by_one(ws_url, secret, consume_topic, count))
+        cpu = (cpu_seconds(server.pid) - cpu0) / count
+        out["consume_msgs_s"] = rate
+        fig.add(
+            "WS consume prefetch 2, ack each",
+            f"{rate:,.0f} msgs/s",
+            f"server CPU {cpu * 1e3:.3f} ms/msg (target >= {TARGET_CONSUME_MSGS_S:,})",
+        )
+
+        progress(f"end to end: {LATENCY_RATE} single-message publishes/s for {LATENCY_SECONDS} s")
+        e2e = asyncio.run(end_to_end(ws_url, secret, e2e_topic))
+        out["e2e_p50"], out["e2e_p99"] = p(e2e, 0.5), p(e2e, 0.99)
+        fig.add(
+            f"end to end at {LATENCY_RATE} msgs/s",
+            f"p50 {p(e2e, 0.5):.2f} ms, p99 {p(e2e, 0.99):.2f} ms",
+            f"(target p50 <= {TARGET_E2E_P50_MS:.0f}, p99 <= {TARGET_E2E_P99_MS:.0f} ms)",
+        )
+    finally:
+        stop_daphne(server)
+        stop_daphne(bare)
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--scale", type=float, default=1.0, help="multiply every count (default 1.0)"
+    )
+    args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    tmp = Path(tempfile.mkdtemp(prefix="ferry-bench-"))
+    progress(f"data dir {tmp}; migrating")
+    setup_django(tmp)
+    fig = Figures()
+    run(args, tmp, fig)
+    print(f"\n== Per-message path ({database_description()}) ==")
+    print(f"machine: {platform.node()} {platform.machine()}, {os.cpu_count()} cpus")
+    print(f"command: {command_line()}")
+    width = max(len(name) for name, _, _ in fig.rows)
+    for name, value, note in fig.rows:
+        print(f"{name:<{width}}  {value:<28} {note}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

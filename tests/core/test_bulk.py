@@ -1,0 +1,33 @@
+"""bulk.select_models and bulk.update_rows behave as the ORM's own reads and saves."""
+
+from broker import models
+from broker.core import bulk, groups
+
+
+def test_select_models__matches_the_orm(db, console):
+    groups.configure_group(console, "g-bulk", retry_delays_ms=[100, 200], ordered=True)
+    via_orm = models.ConsumerGroup.objects.get(name="g-bulk")
+    (via_bulk,) = bulk.select_models(models.ConsumerGroup, "WHERE name = %s", ["g-bulk"])
+    for field in models.ConsumerGroup._meta.concrete_fields:
+        assert getattr(via_bulk, field.attname) == getattr(via_orm, field.attname), field.name
+    assert via_bulk.retry_delays_ms == [100, 200]  # JSON decoded
+    assert via_bulk.ordered is True  # a bool, not SQLite's 1
+    assert via_bulk.created_at.tzinfo is not None  # an aware datetime, not a string
+    assert not via_bulk._state.adding  # saved rows, as from_db marks them
+
+
+def test_update_rows__saves_the_fields_and_auto_now(console, topic_factory):
+    topic = topic_factory(partitions=2)
+    group = models.ConsumerGroup.objects.create(name="g-rows")
+    rows = [
+        models.GroupOffset.objects.create(group=group, partition=p, committed_offset=0)
+        for p in models.Partition.objects.filter(topic__name=topic.name).order_by("number")
+    ]
+    before = [r.updated_at for r in rows]
+    rows[0].committed_offset, rows[1].committed_offset = 5, 7
+    rows[0].delivered_offset = 9  # not among the fields: not saved
+    bulk.update_rows(rows, ["committed_offset", "updated_at"])
+    stored = {r.id: r for r in models.GroupOffset.objects.filter(group=group)}
+    assert [stored[r.id].committed_offset for r in rows] == [5, 7]
+    assert stored[rows[0].id].delivered_offset == 0
+    assert all(stored[r.id].updated_at > b for r, b in zip(rows, before, strict=True))
