@@ -33,7 +33,7 @@ DEFAULT_DELAYS_MS = (
     60 * MINUTE,
     120 * MINUTE,
 )
-REASONS = ("max_attempts", "rejected", "expired")
+REASONS = ("max_attempts", "rejected", "expired", "removed")
 MAX_ERROR_CHARS = 2000
 MAX_PAGE = 1000
 
