@@ -17,6 +17,7 @@ from broker import settings as ferry_settings
 from broker.core import (
     bulk,
     dbthreads,
+    deadletters,
     errors,
     events,
     filters,
@@ -297,7 +298,7 @@ class _Batch:
         row.delivered_offset = position
         if expired:
             self.expired += len(expired)
-            retries.dead_letter_messages(
+            deadletters.dead_letter_messages(
                 self.group, self.topic, self.subscriber, expired, "expired", self.now
             )
 
