@@ -13,6 +13,9 @@ class Defaults:
     MAX_MESSAGE_BYTES: int = 1024 * 1024
     DEFAULT_PARTITIONS: int = 1
     MAX_PARTITIONS: int = 1024
+    # A produce to an unknown topic creates it with the defaults (Kafka's
+    # auto.create.topics.enable), the key's produce permission on the name sufficing. Off: 404.
+    AUTO_CREATE_TOPICS: bool = False
     # Produce.
     MAX_BATCH_MESSAGES: int = 10_000
     DEDUP_WINDOW_SECONDS: int = 24 * 3600
