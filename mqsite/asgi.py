@@ -20,6 +20,7 @@ from django.core.handlers.asgi import ASGIHandler  # noqa: E402
 
 from broker import background, consumers, middleware, routing  # noqa: E402
 from dashboard import routing as dashboard_routing  # noqa: E402
+from mqsite import serving  # noqa: E402
 
 API_PREFIX = "/api/v1/"
 # Timing first, so a latency covers the error rendering too (/metrics, docs/metrics.md).
@@ -60,20 +61,23 @@ async def http_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
 
 websocket_urlpatterns = [*routing.websocket_urlpatterns, *dashboard_routing.websocket_urlpatterns]
 
-application = ProtocolTypeRouter(
-    {
-        "http": http_app,
-        # No origin check for /ws/v1/: it authenticates by API key, never by an ambient cookie,
-        # so a page on another origin can do nothing its key could not do over REST. Routes
-        # that use the session (the console's /ws/console/) wrap themselves in
-        # AllowedHostsOriginValidator.
-        # channels-stubs wants its stub-only _ExtendedURLPattern, which path() never returns.
-        "websocket": URLRouter(websocket_urlpatterns),  # type: ignore[arg-type]
-    }
+application = serving.allowed_hosts(
+    ProtocolTypeRouter(
+        {
+            "http": http_app,
+            # No origin check for /ws/v1/: it authenticates by API key, never by an ambient cookie,
+            # so a page on another origin can do nothing its key could not do over REST. Routes
+            # that use the session (the console's /ws/console/) wrap themselves in
+            # AllowedHostsOriginValidator.
+            # channels-stubs wants its stub-only _ExtendedURLPattern, which path() never returns.
+            "websocket": URLRouter(websocket_urlpatterns),  # type: ignore[arg-type]
+        }
+    )
 )
 
 background.start()
 consumers.hook_daphne()
+serving.hook_daphne()
 
 # The server's long-lived objects (Django, Ninja, pydantic schemas) are moved out of the
 # collector's reach, and young collections run less often: a produce batch allocates thousands

@@ -55,9 +55,13 @@ DEBUG = env_bool("DJANGO_DEBUG", False)
 # A deployment sets its own key; otherwise each data directory has one, never a shared default
 # (anyone could forge sessions signed with it).
 SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY") or data_dir_secret_key(DATA_DIR)
-ALLOWED_HOSTS = os.environ.get(
-    "DJANGO_ALLOWED_HOSTS", "127.0.0.1,localhost,[::1],testserver"
-).split(",")
+# Checked on every path, the API and the WebSockets included (mqsite/serving.py): the loopback
+# names by default, so a page on another origin cannot reach a local broker by DNS rebinding.
+ALLOWED_HOSTS = [
+    host.strip()
+    for host in os.environ.get("DJANGO_ALLOWED_HOSTS", "127.0.0.1,localhost,[::1]").split(",")
+    if host.strip()
+]
 CSRF_TRUSTED_ORIGINS = [
     o for o in os.environ.get("DJANGO_CSRF_TRUSTED_ORIGINS", "").split(",") if o
 ]
