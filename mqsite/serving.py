@@ -7,6 +7,7 @@ limits), so `daphne mqsite.asgi:application` gets them however it is started.
 
 import logging
 import re
+import sys
 import time
 import weakref
 from collections.abc import Callable, Coroutine
@@ -112,8 +113,6 @@ def hook_daphne() -> None:
       client gets 408 and the connection is closed. A client trickling one byte at a time is
       held no longer than that, whatever the idle timeout.
     """
-    import sys
-
     if "daphne.server" not in sys.modules:
         return
     from daphne import access, http_protocol, server  # type: ignore[import-untyped]
@@ -140,6 +139,7 @@ def hook_daphne() -> None:
         channel = getattr(protocol, "_channel", protocol)
         data_received = channel.dataReceived
         all_headers_received = channel.allHeadersReceived
+        connection_lost = channel.connectionLost
 
         def timed_data(data: bytes) -> None:
             if not channel._handlingRequest and channel not in receiving:
@@ -151,8 +151,13 @@ def hook_daphne() -> None:
                 receiving[channel][1] = True
             all_headers_received()
 
+        def lost(reason: Any) -> None:
+            receiving.pop(channel, None)
+            connection_lost(reason)
+
         channel.dataReceived = timed_data
         channel.allHeadersReceived = headers_in
+        channel.connectionLost = lost
         return protocol
 
     http_protocol.HTTPFactory.buildProtocol = build_timed_protocol
