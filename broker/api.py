@@ -670,6 +670,7 @@ async def poll(request: AuthedRequest, group: str, body: schemas.PollIn) -> Http
                 {"partition": p, "offset": o} for p, o in sorted(result.next_offsets.items())
             ],
             "committed": result.committed,
+            "expired": result.expired,
         }
     )
 

@@ -277,7 +277,7 @@ class DeadLetter(models.Model):
     subscriber = models.CharField(max_length=100, default="", blank=True)
     partition_number = models.PositiveIntegerField()
     offset = models.BigIntegerField()
-    reason = models.CharField(max_length=20)  # max_attempts | rejected | expired
+    reason = models.CharField(max_length=20)  # max_attempts | rejected | expired | removed
     attempts = models.PositiveIntegerField()
     last_error = models.TextField(default="", blank=True)
     dead_ms = models.BigIntegerField()

@@ -21,7 +21,7 @@ from typing_extensions import TypedDict
 from broker.core.records import NewMessage
 
 Overflow = Literal["reject", "drop_oldest"]
-DeadLetterReason = Literal["max_attempts", "rejected", "expired"]
+DeadLetterReason = Literal["max_attempts", "rejected", "expired", "removed"]
 
 
 class ErrorBody(Schema):
@@ -546,7 +546,7 @@ class DeadLetterOut(Schema):
     member: str | None = Field(description="Broadcast mode: the member it failed for.")
     partition: int
     offset: int
-    reason: str = Field(description="max_attempts, rejected or expired.")
+    reason: str = Field(description="max_attempts, rejected, expired or removed.")
     attempts: int
     last_error: str
     dead_ms: int

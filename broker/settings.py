@@ -13,6 +13,9 @@ class Defaults:
     MAX_MESSAGE_BYTES: int = 1024 * 1024
     DEFAULT_PARTITIONS: int = 1
     MAX_PARTITIONS: int = 1024
+    # A produce to an unknown topic creates it with the defaults (Kafka's
+    # auto.create.topics.enable), the key's produce permission on the name sufficing. Off: 404.
+    AUTO_CREATE_TOPICS: bool = False
     # Produce.
     MAX_BATCH_MESSAGES: int = 10_000
     DEDUP_WINDOW_SECONDS: int = 24 * 3600
@@ -68,6 +71,12 @@ class Defaults:
     # Background redrives (core/redrives.py): a chunk per job this often, and the rate ceiling.
     REDRIVE_INTERVAL_SECONDS: float = 1.0
     MAX_REDRIVE_RATE_PER_SECOND: int = 10_000
+    # Serving under Daphne (mqsite/serving.py, docs/architecture.md#serving): a connection
+    # silent this long is closed; a request's line and headers, then its body, must arrive
+    # within these of its first byte (else 408 and the connection closed).
+    HTTP_IDLE_TIMEOUT_SECONDS: float = 30.0
+    HTTP_HEADER_TIMEOUT_SECONDS: float = 10.0
+    HTTP_BODY_TIMEOUT_SECONDS: float = 60.0
     # Who may read /metrics: loopback | open | key | basic:<user>:<password> (docs/metrics.md).
     METRICS_AUTH: str = "loopback"
 

@@ -12,7 +12,7 @@ from typing import Any, Literal
 from ferry_client import transport
 
 Json = dict[str, Any]
-Reason = Literal["max_attempts", "rejected", "expired"]
+Reason = Literal["max_attempts", "rejected", "expired", "removed"]
 
 
 class Unset(enum.Enum):

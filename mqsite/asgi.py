@@ -7,7 +7,6 @@ per request on the hot paths (docs/benchmarks.md).
 
 import gc
 import os
-import sys
 import threading
 from typing import Any
 
@@ -24,6 +23,7 @@ from django.core.handlers.asgi import ASGIHandler  # noqa: E402
 
 from broker import background, consumers, middleware, routing  # noqa: E402
 from dashboard import routing as dashboard_routing  # noqa: E402
+from mqsite import serving  # noqa: E402
 
 API_PREFIX = "/api/v1/"
 # Timing first, so a latency covers the error rendering too (/metrics, docs/metrics.md).
@@ -82,42 +82,24 @@ async def http_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
 
 websocket_urlpatterns = [*routing.websocket_urlpatterns, *dashboard_routing.websocket_urlpatterns]
 
-application = ProtocolTypeRouter(
-    {
-        "http": http_app,
-        # No origin check for /ws/v1/: it authenticates by API key, never by an ambient cookie,
-        # so a page on another origin can do nothing its key could not do over REST. Routes
-        # that use the session (the console's /ws/console/) wrap themselves in
-        # AllowedHostsOriginValidator.
-        # channels-stubs wants its stub-only _ExtendedURLPattern, which path() never returns.
-        "websocket": URLRouter(websocket_urlpatterns),  # type: ignore[arg-type]
-    }
+application = serving.allowed_hosts(
+    ProtocolTypeRouter(
+        {
+            "http": http_app,
+            # No origin check for /ws/v1/: it authenticates by API key, never by an ambient cookie,
+            # so a page on another origin can do nothing its key could not do over REST. Routes
+            # that use the session (the console's /ws/console/) wrap themselves in
+            # AllowedHostsOriginValidator.
+            # channels-stubs wants its stub-only _ExtendedURLPattern, which path() never returns.
+            "websocket": URLRouter(websocket_urlpatterns),  # type: ignore[arg-type]
+        }
+    )
 )
-
-
-def skip_twisted_form_parsing() -> None:
-    """Under Daphne, do not let Twisted parse a POST's Content-Type as a form.
-
-    Twisted's Request parses the Content-Type of every POST with the email package, to fill
-    request.args for form bodies, which Daphne never reads: it cost a tenth of the server CPU
-    of a single-message produce (docs/benchmarks.md#the-per-message-path).
-    """
-    if "daphne.server" not in sys.modules:
-        return
-    from daphne.http_protocol import WebRequest  # type: ignore[import-untyped]
-
-    init = WebRequest.__init__
-
-    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-        init(self, *args, **kwargs)
-        self._parsePOSTFormSubmission = False
-
-    WebRequest.__init__ = __init__
 
 
 background.start()
 consumers.hook_daphne()
-skip_twisted_form_parsing()
+serving.hook_daphne()
 
 # The server's long-lived objects (Django, Ninja, pydantic schemas) are moved out of the
 # collector's reach, and young collections run less often: a produce batch allocates thousands

@@ -55,9 +55,13 @@ DEBUG = env_bool("DJANGO_DEBUG", False)
 # A deployment sets its own key; otherwise each data directory has one, never a shared default
 # (anyone could forge sessions signed with it).
 SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY") or data_dir_secret_key(DATA_DIR)
-ALLOWED_HOSTS = os.environ.get(
-    "DJANGO_ALLOWED_HOSTS", "127.0.0.1,localhost,[::1],testserver"
-).split(",")
+# Checked on every path, the API and the WebSockets included (mqsite/serving.py): the loopback
+# names by default, so a page on another origin cannot reach a local broker by DNS rebinding.
+ALLOWED_HOSTS = [
+    host.strip()
+    for host in os.environ.get("DJANGO_ALLOWED_HOSTS", "127.0.0.1,localhost,[::1]").split(",")
+    if host.strip()
+]
 CSRF_TRUSTED_ORIGINS = [
     o for o in os.environ.get("DJANGO_CSRF_TRUSTED_ORIGINS", "").split(",") if o
 ]
@@ -160,6 +164,10 @@ CELERY_BROKER_URL = REDIS_URL or "memory://"
 CELERY_TASK_ALWAYS_EAGER = not REDIS_URL
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TIMEZONE = "UTC"
+# `celery worker -B` keeps beat's schedule here rather than in the current directory (a
+# checkout); both places are ignored by git.
+if DATA_DIR.is_dir():
+    CELERY_BEAT_SCHEDULE_FILENAME = str(DATA_DIR / "celerybeat-schedule")
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},

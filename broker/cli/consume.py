@@ -98,6 +98,8 @@ def poll(command: BaseCommand, options: dict[str, Any]) -> None:
     # (at least once) instead of losing them.
     if result.next_offsets and not options["no_commit"]:
         groups.commit_offsets(keys.CONSOLE, result.group, result.topic, result.next_offsets)
+    if result.expired:
+        command.stderr.write(f"{result.expired} expired message(s) dead-lettered (message_ttl_ms)")
     if not result.messages:
         command.stderr.write(f"no new messages for group {result.group} on {result.topic}")
 

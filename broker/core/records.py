@@ -309,6 +309,8 @@ class PollResult:
     # Per partition, the offset after the last returned message: what to commit to move past them.
     next_offsets: dict[int, int]
     committed: bool
+    # Messages past the topic's TTL this poll dead-lettered (reason expired) instead.
+    expired: int = 0
 
 
 @dataclass(frozen=True)

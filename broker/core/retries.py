@@ -12,7 +12,7 @@ from django.db import transaction
 from django.db.models import QuerySet
 
 from broker import models
-from broker.core import errors, inflight, keys, log, membership, trace
+from broker.core import deadletters, errors, inflight, keys, log, membership, trace
 from broker.core.records import (
     DeadLetterInfo,
     DeadLetterPage,
@@ -33,7 +33,7 @@ DEFAULT_DELAYS_MS = (
     60 * MINUTE,
     120 * MINUTE,
 )
-REASONS = ("max_attempts", "rejected", "expired")
+REASONS = ("max_attempts", "rejected", "expired", "removed")
 MAX_ERROR_CHARS = 2000
 MAX_PAGE = 1000
 
@@ -123,7 +123,9 @@ def dead_letter_rows(
     for row in rows:
         message = found[row.partition_id].get(row.offset)
         letters.append(
-            _letter(group, topic, row.subscriber, row.partition.number, row.offset, message)
+            deadletters.letter(
+                group, topic, row.subscriber, row.partition.number, row.offset, message
+            )
         )
         letters[-1].reason, letters[-1].attempts = reason, row.attempt
         letters[-1].last_error, letters[-1].dead_ms = row.last_error, now
@@ -133,60 +135,6 @@ def dead_letter_rows(
     models.DeadLetter.objects.bulk_create(letters)
     models.InFlight.objects.filter(id__in=[row.id for row in rows]).delete()
     trace.record(events)
-
-
-def dead_letter_messages(
-    group: models.ConsumerGroup,
-    topic: models.Topic,
-    subscriber: str,
-    messages: list[StoredMessage],
-    reason: str,
-    now: int,
-) -> None:
-    """Dead-letter messages never delivered (past the topic's TTL). Caller holds the locks."""
-    letters, events = [], []
-    for m in messages:
-        letter = _letter(group, topic, subscriber, m.partition, m.offset, m)
-        letter.reason, letter.attempts, letter.dead_ms = reason, 0, now
-        letters.append(letter)
-        events.append(
-            trace.event(
-                topic.id,
-                m.partition,
-                m.offset,
-                "dead_lettered",
-                group=group.name,
-                at_ms=now,
-                reason=reason,
-            )
-        )
-    models.DeadLetter.objects.bulk_create(letters)
-    trace.record(events)
-
-
-def _letter(
-    group: models.ConsumerGroup,
-    topic: models.Topic,
-    subscriber: str,
-    partition: int,
-    offset: int,
-    message: StoredMessage | None,
-) -> models.DeadLetter:
-    # A message retention removed meanwhile is dead-lettered by its coordinates alone.
-    return models.DeadLetter(
-        group=group,
-        topic=topic,
-        subscriber=subscriber,
-        partition_number=partition,
-        offset=offset,
-        timestamp_ms=message.timestamp_ms if message else 0,
-        key=message.key if message else None,
-        tag=message.tag if message else None,
-        headers=message.headers if message else {},
-        value=message.value if message else b"",
-        is_json=message.is_json if message else False,
-        client_id=message.client_id if message else None,
-    )
 
 
 def _letters(

@@ -5,6 +5,7 @@ log.purge_topic, and altering one is membership.alter_topic (grown partitions ar
 to the groups on the topic in the same transaction), over check_alter and alter_in_transaction.
 """
 
+import logging
 import re
 from typing import NamedTuple
 
@@ -15,6 +16,7 @@ from broker import settings as ferry_settings
 from broker.core import errors, keys
 from broker.core.records import PartitionInfo, Principal, TopicInfo
 
+logger = logging.getLogger(__name__)
 # Not dots alone: ".", ".." and "..." are path segments that URL clients rewrite (RFC 3986).
 NAME_RE = re.compile(r"(?!\.+$)[A-Za-z0-9._-]{1,200}")
 OVERFLOW_POLICIES = tuple(models.Topic.Overflow.values)
@@ -90,6 +92,41 @@ def _validate_partition_count(partitions: int) -> None:
         raise errors.InvalidPartitionCount(
             f"partitions must be between 1 and {limit}.", partitions=partitions
         )
+
+
+def draft_topic(name: str) -> models.Topic:
+    """An unsaved topic with the defaults a produce's auto-creation gives it."""
+    return models.Topic(
+        name=name,
+        partition_count=ferry_settings.get("DEFAULT_PARTITIONS"),
+        max_message_bytes=min(
+            ferry_settings.get("MAX_MESSAGE_BYTES"), ferry_settings.max_message_bytes_ceiling()
+        ),
+    )
+
+
+def create_for_produce(name: str) -> models.Topic:
+    """Create the topic a produce names, with the defaults (FERRY_AUTO_CREATE_TOPICS).
+
+    The caller checked the principal's produce permission on the name and the batch against
+    draft_topic. A concurrent produce that created it first wins: its topic is returned.
+    """
+    topic = draft_topic(name)
+    try:
+        with transaction.atomic(durable=True):
+            topic.save()
+            models.Partition.objects.bulk_create(
+                models.Partition(topic=topic, number=n) for n in range(topic.partition_count)
+            )
+    except IntegrityError:
+        pass
+    else:
+        logger.info("topic %s created by a produce (FERRY_AUTO_CREATE_TOPICS)", name)
+        return topic
+    found = models.Topic.objects.filter(name=name).first()
+    if found is None:  # created and deleted again meanwhile
+        raise errors.TopicNotFound(name=name)
+    return found
 
 
 def create_topic(

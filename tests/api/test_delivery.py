@@ -193,3 +193,18 @@ def test_settle__malformed_receipt_is_422(api_client, orders, error_of, action, 
     extra = {"extend_ms": 60_000} if action == "extend" else {}
     response = settle(api_client, action, [receipt], **extra)
     assert error_of(response) == (422, "validation_error")
+
+
+def test_poll__plain_poll_dead_letters_expired(api_client, topic_factory):
+    topic_factory("aged", message_ttl_ms=60_000)
+    old = {"value": "old", "timestamp_ms": 1_000}
+    response = api_client.post(
+        "/api/v1/topics/aged/messages", {"messages": [old, {"value": "new"}]}, content_type=JSON
+    )
+    assert response.status_code == 200
+    body = {"topic": "aged", "auto_commit": True}
+    answer = api_client.post("/api/v1/groups/plain/poll", body, content_type=JSON).json()
+    assert [m["value"] for m in answer["messages"]] == ["new"]
+    assert (answer["expired"], answer["next_offsets"]) == (1, [{"partition": 0, "offset": 2}])
+    letters = api_client.get("/api/v1/groups/plain/dlq").json()["items"]
+    assert [(d["offset"], d["reason"]) for d in letters] == [(0, "expired")]

@@ -295,3 +295,34 @@ def test_produce__bad_producer_timestamp(
     topic_factory("orders")
     assert error_of(produce(api_client, "orders", message)) == (status, code)
     assert fetch(api_client, "orders").json()["messages"] == []
+
+
+def test_produce__unknown_topic_is_404_by_default(client_factory):
+    from broker import models
+
+    producer = client_factory("produce:*")
+    response = produce(producer, "nowhere", {"value": 1})
+    assert (response.status_code, response.json()["error"]["code"]) == (404, "topic_not_found")
+    assert not models.Topic.objects.filter(name="nowhere").exists()
+
+
+def test_produce__auto_create_topics(client_factory, settings):
+    from broker import models
+
+    settings.FERRY_AUTO_CREATE_TOPICS = True
+    settings.FERRY_DEFAULT_PARTITIONS = 3
+    producer = client_factory("produce:auto-*", "consume:auto-*")
+    response = produce(producer, "auto-1", {"value": 1, "partition": 2})
+    assert response.json() == {"results": [{"partition": 2, "offset": 0, "duplicate": False}]}
+    assert models.Topic.objects.get(name="auto-1").partition_count == 3
+    # The key's produce permission on the name is what it takes, not admin.
+    denied = produce(producer, "other", {"value": 1})
+    assert (denied.status_code, denied.json()["error"]["code"]) == (403, "permission_denied")
+    # A bad batch creates nothing.
+    bad = produce(producer, "auto-2", {"value": 1, "partition": 3})
+    assert bad.status_code == 404
+    assert bad.json()["error"]["code"] == "partition_not_found"
+    assert not models.Topic.objects.filter(name__in=["other", "auto-2"]).exists()
+    # Consuming does not create.
+    polled = producer.post("/api/v1/groups/g/poll", {"topic": "auto-3"}, content_type=JSON)
+    assert polled.status_code == 404

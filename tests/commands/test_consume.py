@@ -272,3 +272,13 @@ def test_follow__redelivery_shows_attempt(ferry, topic_factory):
     [again] = lines(ferry("consume", "orders", "--group=g", "--follow", "--max-total=1"))
     assert (again["value"], again["attempt"]) == ("a", 2)
     assert retries.list_dead_letters(keys.CONSOLE, "g").total == 0
+
+
+def test_handle__plain_consume_skips_expired(ferry, topic_factory):
+    topic_factory("aged", message_ttl_ms=60_000)
+    append_json("aged", "old", timestamp_ms=1_000)
+    append_json("aged", "new")
+    assert [m["value"] for m in lines(ferry("consume", "aged", "--group=g"))] == ["new"]
+    (letter,) = retries.list_dead_letters(keys.CONSOLE, "g").items
+    assert (letter.offset, letter.reason) == (0, "expired")
+    assert ferry("consume", "aged", "--group=g") == ""

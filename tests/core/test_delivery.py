@@ -346,4 +346,66 @@ def test_join_group__rejoin_releases_in_flight(topic_factory, console):
     deliver(console, topic)
     joined(console, topic)  # the consumer restarted under the same id
     again = deliver(console, topic)
-    assert [(d.message.offset, d.attempt) for d in again] == [(0, 2), (1, 2)]
+    # A hand-over is no failed attempt: the redelivery keeps attempt 1.
+    assert [(d.message.offset, d.attempt) for d in again] == [(0, 1), (1, 1)]
+
+
+def _nack_after_removal(console, topic, remove):
+    """A member holds 0-1, the topic loses 0-2, offset 0 is nacked for a retry at once."""
+    produce(console, topic, 3)
+    joined(console, topic)
+    got = deliver(console, topic, n=2)
+    remove()
+    assert delivery.nack_messages(console, "g", [got[0].receipt], delay_ms=0).settled == 1
+    return deliver(console, topic)
+
+
+def test_deliver_messages__retry_removed_by_drop_oldest_is_dead_lettered(topic_factory, console):
+    topic = topic_factory(capacity=3, overflow_policy="drop_oldest").name
+    again = _nack_after_removal(console, topic, lambda: produce(console, topic, 3))
+    assert [d.message.offset for d in again] == [3, 4, 5]
+    (letter,) = retries.list_dead_letters(console, "g").items
+    assert (letter.reason, letter.partition, letter.offset, letter.attempts) == ("removed", 0, 0, 1)
+    events = [e.event for e in trace_of(console, topic, 0)]
+    assert events[-1] == "dead_lettered"
+
+
+def test_deliver_messages__retry_removed_by_retention_is_dead_lettered(topic_factory, console):
+    import time
+
+    from broker.core import retention
+
+    topic = topic_factory().name
+
+    def expire_all():
+        models.Topic.objects.filter(name=topic).update(retention_ms=1)
+        time.sleep(0.01)
+        assert retention.apply_retention() == 3
+
+    assert _nack_after_removal(console, topic, expire_all) == ()
+    (letter,) = retries.list_dead_letters(console, "g", reason="removed").items
+    assert letter.offset == 0
+    assert letter.message.value == b""
+
+
+def test_leave_group__hand_over_keeps_the_attempt(topic_factory, console):
+    topic = topic_factory().name
+    produce(console, topic, 1)
+    groups.configure_group(console, "g", max_attempts=2, retry_delays_ms=[0])
+    joined(console, topic, "a")
+    (first,) = deliver(console, topic, "a")
+    delivery.nack_messages(console, "g", [first.receipt])
+    (second,) = deliver(console, topic, "a")
+    joined(console, topic, "b")
+    membership.leave_group(console, "g", "a")
+    (handed,) = deliver(console, topic, "b")
+    assert (first.attempt, second.attempt, handed.attempt) == (1, 2, 2)
+    # The hand-over did not count: a nack now fails the last of max_attempts=2.
+    assert delivery.nack_messages(console, "g", [handed.receipt]).dead_lettered == 1
+    assert retries.list_dead_letters(console, "g").items[0].attempts == 2
+
+
+def trace_of(console, topic, offset):
+    from broker.core import trace
+
+    return trace.get_trace(console, topic, 0, offset)

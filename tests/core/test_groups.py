@@ -304,3 +304,51 @@ def test_describe_group__in_flight_and_retry_waiting_apart(topic_factory, consol
     p = offsets.partitions[0]
     assert (p.in_flight, p.retry_waiting, p.lag) == (2, 1, 4)
     assert (offsets.in_flight, offsets.retry_waiting, offsets.end_total) == (2, 1, 4)
+
+
+def produce_aged(principal, topic, *ages_ms):
+    """One message per age, its timestamp that long ago."""
+    now = log.now_ms()
+    log.append_messages(
+        principal,
+        topic,
+        [
+            NewMessage(value=orjson.dumps(i), timestamp_ms=now - age)
+            for i, age in enumerate(ages_ms)
+        ],
+    )
+
+
+@pytest.mark.parametrize("auto_commit", [False, True])
+def test_poll_messages__ttl_skips_and_dead_letters(topic_factory, console, auto_commit):
+    from broker.core import retries
+
+    topic = topic_factory(message_ttl_ms=60_000).name
+    # Offsets 0-1 expired, 2 live, 3 expired (an old client timestamp), 4 live.
+    produce_aged(console, topic, 120_000, 90_000, 0, 120_000, 0)
+    first = groups.poll_messages(console, "g", topic, 10, auto_commit=auto_commit)
+    assert offsets_of(first) == [(0, 2), (0, 4)]
+    assert (first.expired, first.next_offsets) == (3, {0: 5})
+    letters = retries.list_dead_letters(console, "g").items
+    assert [(d.offset, d.reason, d.attempts) for d in letters] == [
+        (0, "expired", 0),
+        (1, "expired", 0),
+        (3, "expired", 0),
+    ]
+    again = groups.poll_messages(console, "g", topic, 10, auto_commit=auto_commit)
+    # Recorded once; without a commit the expired lead is passed (committed offset 2).
+    assert again.expired == 0
+    assert offsets_of(again) == ([] if auto_commit else [(0, 2), (0, 4)])
+    assert retries.list_dead_letters(console, "g").total == 3
+    assert groups.describe_group(console, "g").topics[0].partitions[0].committed_offset == (
+        5 if auto_commit else 2
+    )
+
+
+def test_poll_messages__ttl_only_expired_moves_past(topic_factory, console):
+    topic = topic_factory(message_ttl_ms=60_000).name
+    produce_aged(console, topic, 120_000, 120_000)
+    first = groups.poll_messages(console, "g", topic, 1, auto_commit=False)
+    assert (first.messages, first.expired, first.next_offsets) == ((), 2, {0: 2})
+    produce(console, topic, 1)
+    assert offsets_of(groups.poll_messages(console, "g", topic, 10, auto_commit=False)) == [(0, 2)]

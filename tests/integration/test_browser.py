@@ -180,8 +180,12 @@ def open_page(chromium, broker_url) -> Iterator[Any]:
     """Open the example page with these query parameters in a new headless Chromium."""
     browsers: list[Browser] = []
 
-    def open_(**params: str) -> Browser:
-        browsers.append(Browser(chromium, f"{broker_url}/examples/subscribe/?{urlencode(params)}"))
+    def open_(token: str | None = None, **params: str) -> Browser:
+        # The key in the fragment, never the query string: it must not reach the server's log.
+        address = f"{broker_url}/examples/subscribe/?{urlencode(params)}"
+        if token is not None:
+            address += f"#{urlencode({'token': token})}"
+        browsers.append(Browser(chromium, address))
         return browsers[-1]
 
     yield open_
@@ -240,6 +244,8 @@ def test_subscribe_page__shows_acks_and_publishes(open_page, http, topic_and_key
     assert state["status"].startswith(f"subscribed to {topic} as web")
     assert sorted(state["messages"]) == sorted(['{"n":0}', '{"n":1}', '{"n":2}', "hello"])
     assert state["published"] == ["hello"]
+    # The key came in the fragment (never sent to the server) and left the address bar.
+    assert page.evaluate("location.hash") == ""
     # The page's publish is stored, and its acks moved the group's committed offset.
     assert "hello" in stored_values(http, topic)
     offsets = committed(http, "web", topic)

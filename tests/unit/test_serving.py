@@ -28,3 +28,16 @@ def test_readme__production_command_passes_the_frame_limit():
     for command in commands:
         for flag in FLAGS:
             assert f"{flag} {limit}" in command, command
+
+
+def test_redact__keys_and_token_parameters():
+    from mqsite.serving import redact
+
+    assert redact("GET /examples/subscribe/?token=abc&topic=t") == (
+        "GET /examples/subscribe/?token=[redacted]&topic=t"
+    )
+    assert redact("GET /x?a=1&api_key=s3cret") == "GET /x?a=1&api_key=[redacted]"
+    assert redact("GET /x?key=fry_AbC-_9") == "GET /x?key=[redacted]"
+    assert redact("GET /topics/t/messages?key=customer-42") == (
+        "GET /topics/t/messages?key=customer-42"
+    )

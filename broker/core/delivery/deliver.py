@@ -17,6 +17,7 @@ from broker import settings as ferry_settings
 from broker.core import (
     bulk,
     dbthreads,
+    deadletters,
     errors,
     events,
     filters,
@@ -154,6 +155,7 @@ class _Batch:
         self.events: list[models.TraceEvent] = []
         self.filtered = 0
         self.expired = 0
+        self.removed = 0
         # Whether in-flight rows were deleted (gone, expired, auto-acked retries), and the first
         # offset of each partition's new run: what the committed offsets depend on.
         self.deleted = False
@@ -225,7 +227,9 @@ class _Batch:
             for row in rows:
                 m = found.get(row.offset)
                 if m is None:
-                    gone.append(row.id)  # retention removed it: nothing left to deliver
+                    # Retention or drop_oldest removed it before the group settled it: it is
+                    # dead-lettered by its coordinates, never dropped without a record.
+                    gone.append(row)
                 elif self._expired(m):
                     expired.append(row)
                 elif self.room > 0:
@@ -238,10 +242,11 @@ class _Batch:
                     self._hand_out(
                         m, inflight.receipt(self.token, row.partition_id, row.offset), row.attempt
                     )
-        models.InFlight.objects.filter(id__in=gone).delete()
         self.deleted = self.deleted or bool(gone or expired)
         self.expired += len(expired)
+        self.removed += len(gone)
         retries.dead_letter_rows(expired, self.group, self.topic, "expired", self.now)
+        retries.dead_letter_rows(gone, self.group, self.topic, "removed", self.now)
 
     def take_new(self, offsets: dict[inflight.OffsetKey, models.GroupOffset]) -> None:
         """Hand out messages never delivered, from each partition's delivered offset on."""
@@ -293,7 +298,7 @@ class _Batch:
         row.delivered_offset = position
         if expired:
             self.expired += len(expired)
-            retries.dead_letter_messages(
+            deadletters.dead_letter_messages(
                 self.group, self.topic, self.subscriber, expired, "expired", self.now
             )
 

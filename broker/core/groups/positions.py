@@ -11,7 +11,7 @@ from django.db import IntegrityError, transaction
 
 from broker import models
 from broker import settings as ferry_settings
-from broker.core import bulk, dbthreads, errors, events, keys, log, membership, topics
+from broker.core import bulk, dbthreads, deadletters, errors, events, keys, log, membership, topics
 from broker.core.groups import info
 from broker.core.records import (
     GroupTopicOffsets,
@@ -19,6 +19,9 @@ from broker.core.records import (
     Principal,
     StoredMessage,
 )
+
+# A poll of a topic with a TTL reads at most this many messages past the expired ones it skips.
+SCAN_LIMIT = 10_000
 
 _poll_turn = itertools.count()
 _poll_turn_lock = threading.Lock()
@@ -112,6 +115,7 @@ def _poll(
             rows = rows[turn:] + rows[:turn]
         messages: list[StoredMessage] = []
         next_offsets: dict[int, int] = {}
+        expired = 0
         for row in rows:
             remaining = max_messages - len(messages)
             if remaining <= 0:
@@ -120,13 +124,23 @@ def _poll(
             start = max(row.committed_offset, p.start_offset)
             if start >= p.next_offset:
                 continue
-            batch = log.read_partition(p.id, p.number, start, remaining)
-            if not batch:
+            if topic.message_ttl_ms is None:
+                batch = log.read_partition(p.id, p.number, start, remaining)
+                position = batch[-1].offset + 1 if batch else start
+            else:
+                batch, position, lead, dead = _read_live(group, topic, p, start, remaining)
+                expired += dead
+                if lead > row.committed_offset and not auto_commit:
+                    # Expired messages the group would read first: move past them, as a
+                    # filter's skips do, so a poll without commits is not held by them.
+                    row.committed_offset = lead
+                    row.save(update_fields=["committed_offset", "updated_at"])
+            if position == start:
                 continue
             messages.extend(batch)
-            next_offsets[p.number] = batch[-1].offset + 1
+            next_offsets[p.number] = position
             if auto_commit:
-                row.committed_offset = next_offsets[p.number]
+                row.committed_offset = position
                 row.save(update_fields=["committed_offset", "updated_at"])
     messages.sort(key=lambda m: (m.partition, m.offset))
     return PollResult(
@@ -136,7 +150,49 @@ def _poll(
         messages=tuple(messages),
         next_offsets=next_offsets,
         committed=auto_commit,
+        expired=expired,
     )
+
+
+def _read_live(
+    group: models.ConsumerGroup,
+    topic: models.Topic,
+    p: models.Partition,
+    start: int,
+    wanted: int,
+) -> tuple[list[StoredMessage], int, int, int]:
+    """Read up to wanted messages from start, dead-lettering those past the topic's TTL.
+
+    Returns the messages, the offset after the last one read, the offset of the first message
+    not expired (where the group's position may move without a commit) and how many were
+    dead-lettered now. Caller holds the group offset lock of the partition.
+    """
+    now = log.now_ms()
+    oldest = now - (topic.message_ttl_ms or 0)
+    live: list[StoredMessage] = []
+    expired: list[StoredMessage] = []
+    position, lead, scanned = start, -1, 0
+    while len(live) < wanted and position < p.next_offset and scanned < SCAN_LIMIT:
+        chunk = log.read_partition(p.id, p.number, position, wanted - len(live))
+        if not chunk:
+            break
+        for m in chunk:
+            scanned += 1
+            position = m.offset + 1
+            if m.timestamp_ms < oldest:
+                expired.append(m)
+            else:
+                live.append(m)
+                if lead < 0:
+                    lead = m.offset
+    # Those before the first live one move the position and are never read again; later
+    # ones (a client-set older timestamp) may be, and are recorded once.
+    lead = position if lead < 0 else lead
+    leading = [m for m in expired if m.offset < lead]
+    later = [m for m in expired if m.offset >= lead]
+    deadletters.dead_letter_messages(group, topic, "", leading, "expired", now)
+    dead = len(leading) + deadletters.dead_letter_once(group, topic, "", later, "expired", now)
+    return live, position, lead, dead
 
 
 async def poll_messages_async(
@@ -153,7 +209,7 @@ async def poll_messages_async(
         lambda: dbthreads.run(
             poll_messages, principal, group_name, topic_name, max_messages, auto_commit
         ),
-        is_empty=lambda r: not r.messages,
+        is_empty=lambda r: not r.messages and not r.expired,
         topic_id_of=lambda r: r.topic_id,
         max_wait_ms=max_wait_ms,
     )

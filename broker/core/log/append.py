@@ -144,7 +144,13 @@ def checked_batch(
     else:
         topic = models.Topic.objects.filter(name=topic_name).first()
     if topic is None:
-        raise errors.TopicNotFound(name=topic_name)
+        if not ferry_settings.get("AUTO_CREATE_TOPICS"):
+            raise errors.TopicNotFound(name=topic_name)
+        # Checked against the topic it would create first: a bad batch creates nothing.
+        _plan(topics.draft_topic(topic_name), messages)
+        topic = topics.create_for_produce(topic_name)
+        if known is not None:
+            known[topic_name] = topic
     return topic, _plan(topic, messages)
 
 

@@ -7,6 +7,7 @@ import uuid
 from typing import Any
 
 from django.db import connection, transaction
+from django.db.models import F
 
 from broker import models
 from broker import settings as ferry_settings
@@ -242,13 +243,21 @@ def expire_members() -> int:
 
 def _release_in_flight(group: models.ConsumerGroup, member_ids: list[str], topic_id: int) -> None:
     """Make what gone members held in flight deliverable again at once (no attempt is counted
-    as failed). Caller holds the group lock."""
+    as failed). Caller holds the group lock.
+
+    A waiting retry's attempt is the failed attempts so far and the redelivery adds one, so the
+    hand-over takes back the one its delivery added: the redelivery has the same attempt.
+    """
     released = models.InFlight.objects.filter(
         group=group,
         member_id__in=member_ids,
         partition__topic_id=topic_id,
         state=models.InFlight.State.DELIVERED,
-    ).update(state=models.InFlight.State.RETRY_WAIT, deadline_ms=log.now_ms())
+    ).update(
+        state=models.InFlight.State.RETRY_WAIT,
+        deadline_ms=log.now_ms(),
+        attempt=F("attempt") - 1,
+    )
     if released:
         inflight.wake(topic_id)
 
