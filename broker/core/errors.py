@@ -193,7 +193,7 @@ class MessageNotFound(BrokerError):
 
 
 class Unavailable(BrokerError):
-    """The broker cannot reach its database just now; nothing was stored. Retry later."""
+    """The broker cannot reach its database just now. Retry after retry_after."""
 
     code = "unavailable"
 

@@ -71,8 +71,8 @@ def classify(exc: BaseException) -> errors.BrokerError | None:
         )
     if isinstance(exc, CONNECTION_ERRORS):
         return errors.Unavailable(
-            "The broker cannot reach its database; nothing was stored. "
-            f"Retry after {retry_after_s()} s.",
+            f"The broker cannot reach its database. Retry after {retry_after_s()} s; "
+            "a retry with the same message ids is safe.",
             retry_after=retry_after_s(),
             dependency="database",
         )
