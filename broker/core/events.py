@@ -161,14 +161,37 @@ def _probing() -> bool:
     return _probe is not None and not _probe.done()
 
 
+async def _call(make: Callable[[], Awaitable[None]]) -> None:
+    """A layer call, made once more at once if it fails while the layer is up: a pooled
+    connection that died with a restarted Redis fails once, then is replaced."""
+    try:
+        async with asyncio.timeout(LAYER_TIMEOUT_S):
+            await make()
+            return
+    except Exception:
+        if not layer_up():
+            raise
+    async with asyncio.timeout(LAYER_TIMEOUT_S):
+        await make()
+
+
+async def _answers() -> bool:
+    """Whether the layer answers now; notes it down if not."""
+    try:
+        await _call(lambda: _layer().group_send(PROBE_GROUP, {"type": "ferry.probe"}))
+    except Exception as exc:
+        layer_failed("group_send", exc)
+        return False
+    return True
+
+
 async def join(group: str, channel: str) -> None:
     """Add channel to a layer group; never fails (a down layer re-adds it when it is back)."""
     _memberships.add((group, channel))
     if not layer_up() and _probing():
         return
     try:
-        async with asyncio.timeout(LAYER_TIMEOUT_S):
-            await _layer().group_add(group, channel)
+        await _call(lambda: _layer().group_add(group, channel))
     except Exception as exc:
         layer_failed("group_add", exc)
 
@@ -179,8 +202,7 @@ async def leave(group: str, channel: str) -> None:
     if not layer_up():
         return
     try:
-        async with asyncio.timeout(LAYER_TIMEOUT_S):
-            await _layer().group_discard(group, channel)
+        await _call(lambda: _layer().group_discard(group, channel))
     except Exception as exc:
         layer_failed("group_discard", exc)
 
@@ -194,14 +216,15 @@ async def receive(channel: str) -> dict[str, Any]:
             await asyncio.sleep(wakeup_poll_s())
         try:
             return await layer.receive(channel)
-        except Exception as exc:
-            layer_failed("receive", exc)
+        except Exception:
+            # Down (noted by _answers), or only this connection died: either way, soon again.
+            await _answers()
+            await asyncio.sleep(wakeup_poll_s())
 
 
 async def _guarded_send(group: str, event: dict[str, Any]) -> None:
     try:
-        async with asyncio.timeout(LAYER_TIMEOUT_S):
-            await _layer().group_send(group, event)
+        await _call(lambda: _layer().group_send(group, event))
     except Exception as exc:
         # The write is committed; a missed wake-up only delays listeners (docs/decisions/0014).
         layer_failed("group_send", exc)
@@ -282,8 +305,9 @@ async def long_poll(
                 await asyncio.wait_for(layer.receive(channel), timeout=remaining)
             except TimeoutError:
                 return await attempt()
-            except Exception as exc:
-                layer_failed("receive", exc)
+            except Exception:
+                await _answers()  # down: the loop polls; else only a connection died
+                await asyncio.sleep(min(wakeup_poll_s(), max(0.0, deadline - loop.time())))
     finally:
         with contextlib.suppress(Exception):
             await leave(group, channel)
@@ -291,12 +315,4 @@ async def long_poll(
 
 async def check_layer() -> bool:
     """Whether the channel layer answers now (the health check's question)."""
-    if not layer_up():
-        return False
-    try:
-        async with asyncio.timeout(LAYER_TIMEOUT_S):
-            await _layer().group_send(PROBE_GROUP, {"type": "ferry.probe"})
-    except Exception as exc:
-        layer_failed("group_send", exc)
-        return False
-    return True
+    return layer_up() and await _answers()
