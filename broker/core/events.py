@@ -146,12 +146,17 @@ def _start_probe() -> None:
 async def _probe_until_back() -> None:
     while _down_since is not None:
         await asyncio.sleep(float(ferry_settings.get("LAYER_PROBE_SECONDS")))
+        layer = _layer()
         try:
-            layer = _layer()
             async with asyncio.timeout(LAYER_TIMEOUT_S):
                 await layer.group_send(PROBE_GROUP, {"type": "ferry.probe"})
-                for group, channel in list(_memberships):
-                    await layer.group_add(group, channel)
+            # Until none is left: listeners may join while this runs.
+            added: set[tuple[str, str]] = set()
+            while todo := _memberships - added:
+                for group, channel in todo:
+                    async with asyncio.timeout(LAYER_TIMEOUT_S):
+                        await layer.group_add(group, channel)
+                    added.add((group, channel))
         except Exception:  # noqa: S112 -- still down; said once by layer_failed
             continue
         _layer_back()
