@@ -131,9 +131,15 @@ def _token(scope: Any) -> str | None:
     return query.get("token", [None])[0]
 
 
-def _failure(exc: BaseException) -> errors.BrokerError:
-    """What an unexpected failure means for the client: an outage's own error, else unavailable."""
-    return outages.classify(exc) or errors.Unavailable(
+def _failure(exc: BaseException, what: str) -> errors.BrokerError:
+    """What an unexpected failure means for the client: an outage's own error (logged in one
+    line, as the REST API does), else unavailable (a bug: logged with its traceback)."""
+    outage = outages.classify(exc)
+    if outage is not None:
+        logger.warning("%s: %s (%s)", what, outage.code, exc)
+        return outage
+    logger.error("%s failed", what, exc_info=exc)
+    return errors.Unavailable(
         "The broker could not do that just now; try again.", retry_after=outages.retry_after_s()
     )
 
@@ -422,8 +428,9 @@ class BrokerConsumer(AsyncWebsocketConsumer):
             await self._send_raw(_error(exc, ref, sub if isinstance(sub, str) else None))
         except Exception as exc:
             # The database went away or a bug: say so and keep the connection usable.
-            logger.exception("frame %r failed", raw.get("type") if isinstance(raw, dict) else None)
-            await self._send_raw(_error(_failure(exc), ref, sub if isinstance(sub, str) else None))
+            kind = raw.get("type") if isinstance(raw, dict) else None
+            failure = _failure(exc, f"frame {kind!r}")
+            await self._send_raw(_error(failure, ref, sub if isinstance(sub, str) else None))
 
     async def _spawn_publish(self, frame: frames.PublishFrame) -> None:
         while len(self.publishing) >= MAX_PUBLISHES_IN_FLIGHT:
@@ -438,8 +445,7 @@ class BrokerConsumer(AsyncWebsocketConsumer):
         except errors.BrokerError as exc:
             await self._send_raw(_error(exc, frame.ref))
         except Exception as exc:
-            logger.exception("publish failed")
-            await self._send_raw(_error(_failure(exc), frame.ref))
+            await self._send_raw(_error(_failure(exc, "publish"), frame.ref))
 
     @staticmethod
     def _parse(raw: Any) -> Any:
@@ -619,10 +625,10 @@ class BrokerConsumer(AsyncWebsocketConsumer):
         except Exception as exc:
             # The database is away (or a bug): the subscription ends, its member leaves or
             # expires, and the client subscribes again after retry_after.
-            logger.warning("push task of subscription %s failed", s.sub, exc_info=True)
+            failure = _failure(exc, f"push task of subscription {s.sub}")
             self.subs.pop(s.sub, None)
             with contextlib.suppress(Exception):
-                await self._send_raw(_error(_failure(exc), sub=s.sub))
+                await self._send_raw(_error(failure, sub=s.sub))
             await self._leave_ended(s)
 
     async def _leave_ended(self, s: Subscription) -> None:
