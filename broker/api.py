@@ -1,5 +1,6 @@
 """The REST API under /api/v1/: authenticate, parse, one core call, render (docs/api.md)."""
 
+import asyncio
 import dataclasses
 import json
 import logging
@@ -8,7 +9,6 @@ from typing import Any
 import orjson
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
-from django.db import connection
 from django.http import HttpRequest, HttpResponse
 from ninja import NinjaAPI, Path, Query, Status
 from ninja.errors import AuthenticationError, HttpError, ValidationError
@@ -23,12 +23,14 @@ from broker.core import (
     dbthreads,
     delivery,
     errors,
+    events,
     groupcommit,
     groups,
     history,
     keys,
     log,
     membership,
+    outages,
     redrives,
     retries,
     scheduling,
@@ -84,6 +86,8 @@ STATUS_BY_CODE = {
     "validation_error": 422,
     "broker_error": 503,
     "busy": 503,
+    "unavailable": 503,
+    "insufficient_storage": 507,
     "internal_error": 500,
 }
 
@@ -209,7 +213,10 @@ def error_response(
 
 @api.exception_handler(errors.BrokerError)
 def on_broker_error(request: HttpRequest, exc: errors.BrokerError) -> HttpResponse:
-    return error_response(exc.code, exc.message, exc.detail)
+    response = error_response(exc.code, exc.message, exc.detail)
+    if "retry_after" in exc.detail:
+        response["Retry-After"] = str(exc.detail["retry_after"])
+    return response
 
 
 @api.exception_handler(HttpError)
@@ -258,9 +265,33 @@ def json_errors_for_api(request: HttpRequest, response: HttpResponse) -> HttpRes
 
 @api.exception_handler(Exception)
 def on_unexpected_error(request: HttpRequest, exc: Exception) -> HttpResponse:
-    """A bug or a failed database: the documented JSON error body, never Django's HTML page."""
-    logger.exception("%s %s failed", request.method, request.path)
-    return internal_error()
+    """A bug or a failed database: the documented JSON error body, never Django's HTML page.
+
+    A database that cannot be reached is 503 `unavailable`, a full disk 507
+    `insufficient_storage` (docs/operations.md). A sync view whose connection the database ended
+    before anything committed is run once more on a new one (broker/middleware.py).
+    """
+    outage = outages.classify(exc)
+    if outage is None:
+        logger.exception("%s %s failed", request.method, request.path)
+        return internal_error()
+    logger.warning("%s %s: %s (%s)", request.method, request.path, outage.code, exc)
+    if _on_request_thread():
+        lost = outages.is_lost_connection(exc)
+        clean = outages.nothing_committed_on_connection()
+        outages.drop_if_broken()
+        if lost and clean and not getattr(request, "ferry_ran_again", False):
+            request.ferry_run_again = True  # type: ignore[attr-defined]
+    return on_broker_error(request, outage)
+
+
+def _on_request_thread() -> bool:
+    """Whether this handler runs on a sync view's thread (whose connection it may drop)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return True
+    return False
 
 
 def internal_error() -> HttpResponse:
@@ -376,10 +407,15 @@ def json_response(body: dict[str, Any], status: int = 200) -> HttpResponse:
 
 
 @api.get("/health", auth=None, response=schemas.HealthOut, tags=["health"])
-def health(request: HttpRequest) -> dict[str, str]:
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT 1")
-    return {"status": "ok", "database": connection.vendor}
+async def health(request: HttpRequest) -> dict[str, str]:
+    """503 `unavailable` naming the database when it cannot be reached; a Redis that cannot be
+    reached only makes the broker `degraded` (wake-ups by a database poll, docs/operations.md)."""
+    vendor = await dbthreads.run(outages.check_database)
+    redis = "not used"
+    if events.layer_is_redis():
+        redis = "ok" if await events.check_layer() else "degraded"
+    status = "degraded" if redis == "degraded" else "ok"
+    return {"status": status, "database": vendor, "redis": redis}
 
 
 @api.get("/topics", response=list[schemas.TopicOut], tags=["topics"])

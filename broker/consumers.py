@@ -19,7 +19,10 @@ from urllib.parse import parse_qs
 
 import orjson
 from channels.consumer import get_handler_name
+from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncWebsocketConsumer
+from channels.layers import get_channel_layer
+from channels.utils import await_many_dispatch
 from pydantic import ValidationError
 from typing_extensions import override
 
@@ -34,6 +37,7 @@ from broker.core import (
     keys,
     log,
     membership,
+    outages,
 )
 from broker.core.records import AppendResult, Delivery, MemberInfo, Principal
 
@@ -45,6 +49,8 @@ logger = logging.getLogger(__name__)
 CLOSE_TOO_BIG = 4413
 CLOSE_GOING_AWAY = 4503
 CLOSE_UNAUTHENTICATED = 4401
+# The server gives up on a connection: its database is away (4503 as well), or a bug (4500).
+CLOSE_INTERNAL_ERROR = 4500
 
 
 class FrameTooLarge(errors.BrokerError):
@@ -75,12 +81,6 @@ class InvalidFrame(errors.InvalidRequest):
     """The frame is not valid."""
 
     code = "invalid_frame"
-
-
-class Unavailable(errors.BrokerError):
-    """The broker could not do that just now; try again."""
-
-    code = "unavailable"
 
 
 class SubscriptionNotFound(errors.BrokerError):
@@ -129,6 +129,19 @@ def _token(scope: Any) -> str | None:
                 return token.strip()
     query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
     return query.get("token", [None])[0]
+
+
+def _failure(exc: BaseException, what: str) -> errors.BrokerError:
+    """What an unexpected failure means for the client: an outage's own error (logged in one
+    line, as the REST API does), else unavailable (a bug: logged with its traceback)."""
+    outage = outages.classify(exc)
+    if outage is not None:
+        logger.warning("%s: %s (%s)", what, outage.code, exc)
+        return outage
+    logger.error("%s failed", what, exc_info=exc)
+    return errors.Unavailable(
+        "The broker could not do that just now; try again.", retry_after=outages.retry_after_s()
+    )
 
 
 def _error(exc: errors.BrokerError, ref: frames.Ref = None, sub: str | None = None) -> bytes:
@@ -229,6 +242,36 @@ class BrokerConsumer(AsyncWebsocketConsumer):
         await wait_for_event(self.closed, CLOSE_WAIT_S)
 
     @override
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        """channels' AsyncConsumer.__call__, except that nothing outlives the connection.
+
+        The layer's receive goes through events.receive, which outlasts a Redis outage; in
+        channels' own, its error ended the application (Daphne closed with 1011) without
+        disconnect(), and the push tasks went on heartbeating for members of closed connections,
+        holding their partitions for good (issue 17). Whatever ends the connection now ends
+        its subscriptions too.
+        """
+        self.scope = scope
+        layer = get_channel_layer(self.channel_layer_alias)
+        assert layer is not None, "mqsite/settings.py always configures a layer"  # noqa: S101
+        self.channel_layer = layer
+        self.channel_name = await layer.new_channel()
+        self.channel_receive = functools.partial(events.receive, self.channel_name)
+        self.base_send = send
+        try:
+            await await_many_dispatch([receive, self.channel_receive], self.dispatch)
+        except StopConsumer:
+            pass
+        except Exception as exc:
+            logger.exception("WebSocket connection failed")
+            code = CLOSE_GOING_AWAY if outages.classify(exc) else CLOSE_INTERNAL_ERROR
+            with contextlib.suppress(Exception):
+                await self.close(code=code)
+        finally:
+            # Shielded: a cancelled application (Daphne's close timeout) still ends its members.
+            await asyncio.shield(self._end())
+
+    @override
     async def dispatch(self, message: dict[str, Any]) -> None:
         # Channels' dispatch first closes stale database connections with a hop to the sync
         # thread, on every frame and event; this consumer reaches the database only through
@@ -263,8 +306,16 @@ class BrokerConsumer(AsyncWebsocketConsumer):
 
     @override
     async def disconnect(self, code: int) -> None:
+        await self._end()
+
+    async def _end(self) -> None:
+        """The connection is over: stop its tasks first (no member heartbeats past its
+        connection), then leave the groups, each on its own (if a leave cannot be written, the
+        member, no longer heartbeating, expires after the group's session timeout)."""
         _live.discard(self)
-        self.closed.set()
+        closed = getattr(self, "closed", None)
+        if closed is not None:
+            closed.set()
         check = getattr(self, "key_check", None)
         if check is not None:
             check.cancel()
@@ -302,21 +353,36 @@ class BrokerConsumer(AsyncWebsocketConsumer):
     async def _leave_all(self) -> None:
         subs, self.subs = getattr(self, "subs", {}), {}
         for s in subs.values():
+            if s.task is not None:
+                s.task.cancel()
+        for s in subs.values():
             await self._stop(s)
 
     async def _stop(self, s: Subscription) -> None:
+        """End a subscription that is no longer in self.subs: its push task, then its member.
+
+        Never raises: a failure to leave leaves a member that no longer heartbeats, which the
+        group expires after its session timeout.
+        """
         if s.task is not None:
             s.task.cancel()
             # asyncio.wait: the push task's end (cancelled, or failed) is not this task's; a
             # cancellation of this task itself still propagates.
             await asyncio.wait([s.task])
         if self.principal is not None:
-            with contextlib.suppress(errors.MemberNotFound):
+            try:
                 await dbthreads.run(membership.leave_group, self.principal, s.group, s.member_id)
+            except errors.BrokerError:
+                pass  # gone already, or the key may no longer see it: expiry takes it
+            except Exception:
+                logger.warning(
+                    "member %s of %s could not leave; it expires after the session timeout",
+                    s.member_id,
+                    s.group,
+                    exc_info=True,
+                )
         if not any(other.topic_id == s.topic_id for other in self.subs.values()):
-            await self.channel_layer.group_discard(
-                events.topic_group(s.topic_id), self.channel_name
-            )
+            await events.leave(events.topic_group(s.topic_id), self.channel_name)
 
     async def _send_raw(self, data: bytes) -> None:
         await self.send(text_data=data.decode())
@@ -360,10 +426,11 @@ class BrokerConsumer(AsyncWebsocketConsumer):
             await HANDLERS[frame.type](self, frame)
         except errors.BrokerError as exc:
             await self._send_raw(_error(exc, ref, sub if isinstance(sub, str) else None))
-        except Exception:
+        except Exception as exc:
             # The database went away or a bug: say so and keep the connection usable.
-            logger.exception("frame %r failed", raw.get("type") if isinstance(raw, dict) else None)
-            await self._send_raw(_error(Unavailable(), ref, sub if isinstance(sub, str) else None))
+            kind = raw.get("type") if isinstance(raw, dict) else None
+            failure = _failure(exc, f"frame {kind!r}")
+            await self._send_raw(_error(failure, ref, sub if isinstance(sub, str) else None))
 
     async def _spawn_publish(self, frame: frames.PublishFrame) -> None:
         while len(self.publishing) >= MAX_PUBLISHES_IN_FLIGHT:
@@ -377,9 +444,8 @@ class BrokerConsumer(AsyncWebsocketConsumer):
             await self.on_publish(frame)
         except errors.BrokerError as exc:
             await self._send_raw(_error(exc, frame.ref))
-        except Exception:
-            logger.exception("publish failed")
-            await self._send_raw(_error(Unavailable(), frame.ref))
+        except Exception as exc:
+            await self._send_raw(_error(_failure(exc, "publish"), frame.ref))
 
     @staticmethod
     def _parse(raw: Any) -> Any:
@@ -440,7 +506,7 @@ class BrokerConsumer(AsyncWebsocketConsumer):
             client=frame.client or "",
         )
         self.subs[s.sub] = s
-        await self.channel_layer.group_add(events.topic_group(s.topic_id), self.channel_name)
+        await events.join(events.topic_group(s.topic_id), self.channel_name)
         await self._send_frame(
             {
                 "type": "subscribed",
@@ -556,10 +622,13 @@ class BrokerConsumer(AsyncWebsocketConsumer):
             self.subs.pop(s.sub, None)
             await self._send_raw(_error(exc, sub=s.sub))
             await self._leave_ended(s)
-        except Exception:
-            logger.exception("push task of subscription %s failed", s.sub)
+        except Exception as exc:
+            # The database is away (or a bug): the subscription ends, its member leaves or
+            # expires, and the client subscribes again after retry_after.
+            failure = _failure(exc, f"push task of subscription {s.sub}")
             self.subs.pop(s.sub, None)
-            await self._send_raw(_error(errors.BrokerError("The subscription failed."), sub=s.sub))
+            with contextlib.suppress(Exception):
+                await self._send_raw(_error(failure, sub=s.sub))
             await self._leave_ended(s)
 
     async def _leave_ended(self, s: Subscription) -> None:
@@ -574,17 +643,21 @@ class BrokerConsumer(AsyncWebsocketConsumer):
             except errors.BrokerError:
                 pass  # gone already, or the key may no longer see it: expiry takes it
             except Exception:
-                logger.exception("subscription %s could not leave its group", s.sub)
+                logger.warning(
+                    "subscription %s could not leave its group; its member expires after the "
+                    "session timeout",
+                    s.sub,
+                    exc_info=True,
+                )
         if not any(other.topic_id == s.topic_id for other in self.subs.values()):
-            await self.channel_layer.group_discard(
-                events.topic_group(s.topic_id), self.channel_name
-            )
+            await events.leave(events.topic_group(s.topic_id), self.channel_name)
 
     async def _push_loop(self, s: Subscription) -> None:
         loop = asyncio.get_running_loop()
         principal = self._principal()
         batch = ferry_settings.get("WS_PUSH_BATCH")
-        while True:
+        closed = self.closed
+        while not closed.is_set():
             interval = ferry_settings.get("HEARTBEAT_INTERVAL_MS") / 1000
             s.wake.clear()
             if s.credit > 0:
@@ -612,8 +685,11 @@ class BrokerConsumer(AsyncWebsocketConsumer):
             elif loop.time() - s.last_beat >= interval:
                 await self._heartbeat(s)
             # Wait for a wake-up (messages appended or returned, an ack, a credit frame), or
-            # until the next heartbeat is due.
-            await wait_for_event(s.wake, max(0.05, interval - (loop.time() - s.last_beat)))
+            # until the next heartbeat is due; while the layer is down, read again soon.
+            wait_s = max(0.05, interval - (loop.time() - s.last_beat))
+            if not events.layer_up():
+                wait_s = min(wait_s, events.wakeup_poll_s())
+            await wait_for_event(s.wake, wait_s)
 
     async def _push(self, s: Subscription, deliveries: Sequence[Delivery]) -> None:
         """Send deliveries in `messages` frames of at most FERRY_WS_MAX_FRAME_BYTES each."""

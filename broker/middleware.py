@@ -20,14 +20,32 @@ def api_json_errors(get_response: Callable) -> Callable:
 
         async def async_middleware(request: HttpRequest) -> HttpResponse:
             response = await get_response(request)
+            if _run_again(request):
+                response = await get_response(request)
             return api.json_errors_for_api(request, response)
 
         return async_middleware
 
     def middleware(request: HttpRequest) -> HttpResponse:
-        return api.json_errors_for_api(request, get_response(request))
+        response = get_response(request)
+        if _run_again(request):
+            response = get_response(request)
+        return api.json_errors_for_api(request, response)
 
     return middleware
+
+
+def _run_again(request: HttpRequest) -> bool:
+    """Once: the database ended the view's connection before anything of it committed.
+
+    api.on_unexpected_error decides (broker/core/outages.py): the view runs again on a new
+    connection instead of answering 503 (docs/decisions/0014-outages.md).
+    """
+    if not getattr(request, "ferry_run_again", False):
+        return False
+    request.ferry_run_again = False  # type: ignore[attr-defined]
+    request.ferry_ran_again = True  # type: ignore[attr-defined]
+    return True
 
 
 # Bytes of request bodies being read and parsed now, in this process (the event loop's only).

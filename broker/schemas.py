@@ -37,6 +37,7 @@ class ErrorOut(Schema):
 class HealthOut(Schema):
     status: str
     database: str
+    redis: str
 
 
 class In(Schema):

@@ -77,6 +77,13 @@ class Defaults:
     HTTP_IDLE_TIMEOUT_SECONDS: float = 30.0
     HTTP_HEADER_TIMEOUT_SECONDS: float = 10.0
     HTTP_BODY_TIMEOUT_SECONDS: float = 60.0
+    # Outages (docs/operations.md): while the channel layer (Redis) is unreachable, waiting
+    # polls and pushes re-read the database this often instead of waiting for a wake-up, and the
+    # layer is probed this often until it answers again.
+    WAKEUP_POLL_MS: int = 250
+    LAYER_PROBE_SECONDS: float = 1.0
+    # A 503 `unavailable` (database or disk away) tells the client to retry after this long.
+    RETRY_AFTER_SECONDS: int = 1
     # Who may read /metrics: loopback | open | key | basic:<user>:<password> (docs/metrics.md).
     METRICS_AUTH: str = "loopback"
 

@@ -71,6 +71,10 @@ WATCHER = Watcher()
 class ConsoleConsumer(AsyncJsonWebsocketConsumer):
     """Tells an open console page when what it shows may have changed."""
 
+    # No channel layer: the Watcher reads the database itself, and with one, a Redis outage
+    # ended the page's socket (channels lets a failed layer receive end the application: 1011).
+    channel_layer_alias = "ferry.console.no-layer"  # not configured: get_channel_layer() is None
+
     @override
     async def connect(self) -> None:
         if not await database_sync_to_async(may_view)(self.scope.get("user")):

@@ -23,11 +23,21 @@ logger = logging.getLogger(__name__)
 SUB = "ferry-client"
 SUBSCRIBE_REF = "subscribe"
 UNSUBSCRIBE_REF = "unsubscribe"
-# A subscription that ended with these codes is subscribed again; any other ends run().
-RETRYABLE_CODES = frozenset({"broker_error", "unavailable"})
+# A subscription that ended (or a subscribe refused) with these codes is subscribed again after
+# the error's retry_after; any other ends run().
+RETRYABLE_CODES = frozenset({"broker_error", "unavailable", "insufficient_storage"})
 HEALTHY_SESSION_S = 5.0
 # Failures of the connection itself: reconnect (the next URL first).
 CONNECTION_ERRORS = (OSError, TimeoutError, websockets.exceptions.WebSocketException)
+
+
+class Resubscribe(Exception):
+    """The broker could not subscribe just now (its database is away): try again later."""
+
+    def __init__(self, error: errors.FerryError) -> None:
+        super().__init__(str(error))
+        retry_after = error.detail.get("retry_after")
+        self.retry_after = float(retry_after) if isinstance(retry_after, int | float) else 0.0
 
 
 class SocketSettler:
@@ -78,6 +88,8 @@ class Subscriber:
         self.make_settlements = make_settlements
         # The broker's id for this member, reused on reconnect (broadcast mode resumes by it).
         self.member_id = subscription.member_id
+        # What the broker asked to wait before subscribing again (its error's retry_after).
+        self.retry_after = 0.0
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -102,11 +114,16 @@ class Subscriber:
                     if loop.time() - began >= HEALTHY_SESSION_S:
                         failures = 0
             except CONNECTION_ERRORS as exc:
+                # Also a close by the server (4503: it gave up on the connection): resubscribe.
                 logger.warning("subscription on %s failed: %r", url, exc)
+            except Resubscribe as exc:
+                logger.warning("could not subscribe on %s: %s", url, exc)
+                self.retry_after = exc.retry_after
             if self.stopping.is_set():
                 return
             failures += 1
-            delay = self.policy.delay(failures, len(order))
+            delay = max(self.policy.delay(failures, len(order)), self.retry_after)
+            self.retry_after = 0.0
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.stopping.wait(), delay)
 
@@ -144,8 +161,11 @@ class Subscriber:
                     )
                     return
                 if answer.get("type") == "error":
+                    error = errors.FerryError.from_body(answer)
+                    if error.code in RETRYABLE_CODES:
+                        raise Resubscribe(error)
                     # Refused (unknown topic, no permission, bad filter): retrying cannot help.
-                    raise errors.FerryError.from_body(answer)
+                    raise error
 
     async def _session(self, ws: ClientConnection) -> None:
         settlements = self.make_settlements(SocketSettler(ws))
@@ -184,6 +204,9 @@ class Subscriber:
                     raise error
                 if ended:
                     logger.warning("subscription ended (%s); subscribing again", error)
+                    retry_after = error.detail.get("retry_after")
+                    if isinstance(retry_after, int | float):
+                        self.retry_after = float(retry_after)
                     return
                 logger.warning("the broker refused a frame: %s", error)
             elif kind == "closing":

@@ -107,14 +107,24 @@ def full_jitter() -> float:
     return random.uniform(0.5, 1.0)  # noqa: S311 -- timing jitter, not a secret.
 
 
+# A broker that cannot reach its database answers 503 with this code and a retry_after
+# (docs/operations.md): waited out beyond `retries`, up to RetryPolicy.max_outage_s.
+OUTAGE_CODES = frozenset({"unavailable"})
+
+
 @dataclass(frozen=True)
 class RetryPolicy:
-    """How often and how patiently to retry a failed request."""
+    """How often and how patiently to retry a failed request.
+
+    `retries` counts failures; a 503 `unavailable` with `retry_after` (the broker's database is
+    away) is retried after that long without counting, for up to `max_outage_s` in all.
+    """
 
     retries: int = 3
     backoff_s: float = 0.1
     max_backoff_s: float = 2.0
     jitter: Callable[[], float] = full_jitter
+    max_outage_s: float = 30.0
 
     def delay(self, attempt: int, url_count: int) -> float:
         """Seconds to wait before retry `attempt` (1-based) over `url_count` URLs.
@@ -154,13 +164,25 @@ class Attempts:
         self.what = what
         self.idempotent = idempotent
         self.last: BaseException | None = None
+        # Set by an outage's answer: wait this long, then try again without counting a failure.
+        self.retry_after: float | None = None
+        self.outage_waited_s = 0.0
 
     def __iter__(self) -> Iterator[tuple[str, float]]:
         """(base URL, seconds to wait first) for each attempt."""
         order = self.endpoints.order()
-        for attempt in range(self.policy.retries + 1):
-            delay = self.policy.delay(attempt, len(order)) if attempt else 0.0
-            yield order[attempt % len(order)], delay
+        sent = failures = 0
+        delay = 0.0
+        while True:
+            yield order[sent % len(order)], delay
+            sent += 1
+            if self.retry_after is not None:
+                delay, self.retry_after = self.retry_after, None
+                continue
+            failures += 1
+            if failures > self.policy.retries:
+                return
+            delay = self.policy.delay(failures, len(order))
 
     def failed(self, url: str, exc: httpx.TransportError) -> None:
         """A request that got no answer: retry it if that is safe, else raise."""
@@ -190,6 +212,12 @@ class Attempts:
             raise error
         logger.warning("%s on %s answered %s", self.what, url, error)
         self.last = error
+        retry_after = error.detail.get("retry_after")
+        if error.code in OUTAGE_CODES and isinstance(retry_after, int | float) and retry_after >= 0:
+            wait_s = max(float(retry_after), self.policy.backoff_s)
+            if self.outage_waited_s + wait_s <= self.policy.max_outage_s:
+                self.retry_after = wait_s
+                self.outage_waited_s += wait_s
         return False, None
 
     def give_up(self) -> errors.BrokerUnavailable:

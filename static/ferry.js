@@ -18,6 +18,17 @@
   "use strict";
 
   const CLOSE_UNAUTHENTICATED = 4401;
+  /**
+   * The server could not do it just now (its database is away, its disk full): a subscribe or
+   * an ended subscription is tried again after the error's `retry_after`, and so are an ack and
+   * a publish whose messages all have an `id` (docs/operations.md).
+   */
+  const RETRYABLE = new Set(["unavailable", "insufficient_storage", "broker_error"]);
+
+  function retryAfterMs(error) {
+    const seconds = error.detail && error.detail.retry_after;
+    return typeof seconds === "number" && seconds >= 0 ? seconds * 1000 : 1000;
+  }
 
   const DEFAULTS = {
     /** @type {string|undefined} API key, sent as the `token` query parameter. */
@@ -31,6 +42,8 @@
     pingTimeoutMs: 10000,
     /** Acks of successful handlers are gathered this long and sent as one `ack` frame. */
     ackDelayMs: 5,
+    /** How long a publish or an ack answered `unavailable` is tried again, in all. */
+    maxOutageMs: 30000,
   };
 
   /**
@@ -232,8 +245,22 @@
      */
     async publish(topic, messages) {
       const list = Array.isArray(messages) ? messages : [messages];
-      const reply = await this.request({type: "publish", topic, messages: list}, true);
-      return reply.results;
+      // With an id on every message, a retry stores each once: ride out an outage.
+      const safe = list.every((m) => m && m.id != null);
+      let waitedMs = 0;
+      for (;;) {
+        try {
+          const reply = await this.request({type: "publish", topic, messages: list}, true);
+          return reply.results;
+        } catch (error) {
+          const delayMs = error.code === "unavailable" ? retryAfterMs(error) : null;
+          if (!safe || delayMs === null || waitedMs + delayMs > this.options.maxOutageMs) {
+            throw error;
+          }
+          waitedMs += delayMs;
+          await new Promise((resolve) => setTimeout(resolve, delayMs));
+        }
+      }
     }
 
     /** Close for good: no reconnect; pending requests are rejected. */
@@ -270,15 +297,31 @@
     }
 
     /** ack/nack without waiting: a failure is reported as an error event. */
-    settle(frame) {
+    settle(frame, waitedMs = 0) {
       if (!this.connected) return; // receipts die with the connection anyway
+      const {ref, ...again} = frame;
       this.request(frame).then(
         (reply) => this.emit(frame.type === "ack" ? "acked" : "nacked", reply),
         (error) => {
           // Unsettled messages of a lost connection are redelivered: nothing to report.
-          if (error.code !== "disconnected") this.emit("error", {error});
+          if (error.code === "disconnected") return;
+          const delayMs = retryAfterMs(error);
+          if (error.code === "unavailable" && waitedMs + delayMs <= this.options.maxOutageMs) {
+            // The same receipts again: settling twice is harmless.
+            setTimeout(() => this.settle(again, waitedMs + delayMs), delayMs);
+            return;
+          }
+          this.emit("error", {error});
         },
       );
+    }
+
+    /** Subscribe again after the error's retry_after, if still wanted and connected. */
+    resubscribeLater(sub, error) {
+      sub.reset();
+      setTimeout(() => {
+        if (this.connected && !sub.closed && this.subs.get(sub.id) === sub) this.sendSubscribe(sub);
+      }, retryAfterMs(error));
     }
 
     send(frame) {
@@ -295,6 +338,11 @@
         (error) => {
           // Lost with the connection: sent again on the next one.
           if (error.code === "not_connected" || error.code === "disconnected") return;
+          if (RETRYABLE.has(error.code)) {
+            this.emit("error", {error, sub, willRetry: true});
+            this.resubscribeLater(sub, error);
+            return;
+          }
           sub.end();
           sub._rejectReady(error);
           this.emit("error", {error, sub});
@@ -368,10 +416,14 @@
         if (sub && sub.info) Object.assign(sub.info, frame);
         this.emit("assigned", frame);
       } else if (frame.type === "error") {
-        // With a `sub`: that subscription ended on the server (topic deleted, permission lost).
+        // With a `sub`: that subscription ended on the server (topic deleted, permission lost;
+        // or an outage, after which it subscribes again).
         const sub = frame.sub ? this.subs.get(frame.sub) : undefined;
-        if (sub) sub.end();
-        this.emit("error", {error: new FerryError(frame.error), sub});
+        const error = new FerryError(frame.error);
+        const willRetry = Boolean(sub) && RETRYABLE.has(error.code);
+        if (willRetry) this.resubscribeLater(sub, error);
+        else if (sub) sub.end();
+        this.emit("error", {error, sub, willRetry});
       }
     }
 

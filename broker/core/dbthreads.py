@@ -17,6 +17,7 @@ from django.db import connection
 from django.db.utils import DatabaseError
 
 from broker import settings as ferry_settings
+from broker.core import outages
 
 T = TypeVar("T")
 
@@ -53,7 +54,9 @@ def home_loop() -> asyncio.AbstractEventLoop | None:
 def _call(loop: asyncio.AbstractEventLoop, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     _local.loop = loop
     try:
-        return fn(*args, **kwargs)
+        # A connection PostgreSQL ended is replaced, and the call run again if nothing of it
+        # committed (docs/decisions/0014-outages.md).
+        return outages.call_with_reconnect(fn, *args, **kwargs)
     except DatabaseError:
         # Drop a broken connection so the next call on this thread reconnects.
         connection.close_if_unusable_or_obsolete()
@@ -70,6 +73,6 @@ async def run(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """
     pool = _get_pool()
     if pool is None:
-        return await sync_to_async(fn)(*args, **kwargs)
+        return await sync_to_async(outages.call_with_reconnect)(fn, *args, **kwargs)
     loop = asyncio.get_running_loop()
     return await loop.run_in_executor(pool, functools.partial(_call, loop, fn, *args, **kwargs))

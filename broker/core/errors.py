@@ -190,3 +190,15 @@ class MessageNotFound(BrokerError):
 
     code = "message_not_found"
     template = "Topic {topic!r} has no stored message at partition {partition}, offset {offset}."
+
+
+class Unavailable(BrokerError):
+    """The broker cannot reach its database just now. Retry after retry_after."""
+
+    code = "unavailable"
+
+
+class InsufficientStorage(BrokerError):
+    """The broker's disk is full; nothing was stored. Retry once an operator has made room."""
+
+    code = "insufficient_storage"

@@ -1,11 +1,15 @@
 """The only code that talks to the channel layer: group names, events, publish on commit, waits.
 
 See docs/architecture.md#events. Events are wake-ups, not data: a listener that gets one reads
-the database again, so a lost or duplicated event costs latency, never correctness.
+the database again, so a lost or duplicated event costs latency, never correctness. That is
+also why an unreachable layer (Redis) takes nothing down (docs/decisions/0014): waiters then
+re-read the database every FERRY_WAKEUP_POLL_MS, and the layer is probed until it answers.
 """
 
 import asyncio
+import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, TypeVar, cast
 
@@ -13,6 +17,7 @@ from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.db import transaction
 
+from broker import settings as ferry_settings
 from broker.core import dbthreads
 
 logger = logging.getLogger(__name__)
@@ -65,18 +70,186 @@ def _loop_for_send() -> asyncio.AbstractEventLoop | None:
     return None
 
 
+def _layer() -> _ChannelLayer:
+    return cast(_ChannelLayer, get_channel_layer())
+
+
+# The layer's health in this process. Down: since when (monotonic), else None. Logged once when
+# it goes down and once when it is back, never per request.
+_down_since: float | None = None
+_probe: "asyncio.Task[None] | None" = None
+# Layer groups this process's listeners belong to, (group, channel): a restarted Redis has lost
+# them, so they are added again when the layer is back.
+_memberships: set[tuple[str, str]] = set()
+# A layer call that takes longer than this counts as a failure (a hung Redis).
+LAYER_TIMEOUT_S = 2.0
+PROBE_GROUP = "ferry.probe"
+
+
+def layer_is_redis() -> bool:
+    """Whether wake-ups go through Redis (several processes), not the in-memory layer."""
+    return type(_layer()).__module__.startswith("channels_redis")
+
+
+def layer_up() -> bool:
+    """Whether the channel layer answered its last call in this process."""
+    return _down_since is None
+
+
+def wakeup_poll_s() -> float:
+    """How often a waiter re-reads the database while the layer is down."""
+    return float(ferry_settings.get("WAKEUP_POLL_MS")) / 1000
+
+
+def layer_failed(what: str, exc: BaseException) -> None:
+    """Note that a layer call failed: waiters fall back to the database poll until it is back."""
+    global _down_since
+    if _down_since is None:
+        _down_since = time.monotonic()
+        logger.warning(
+            "channel layer unreachable (%s: %s): wake-ups fall back to a database poll every "
+            "%d ms until it is back",
+            what,
+            exc,
+            ferry_settings.get("WAKEUP_POLL_MS"),
+        )
+    _start_probe()
+
+
+def _layer_back() -> None:
+    global _down_since
+    if _down_since is not None:
+        logger.warning(
+            "channel layer reachable again after %.1f s: wake-ups through it again",
+            time.monotonic() - _down_since,
+        )
+        _down_since = None
+
+
+def _start_probe() -> None:
+    """Probe the layer from the server's loop until it answers (no loop here: the next call is
+    the probe)."""
+    global _probe
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        loop = None
+    if loop is None or loop is not _server_loop:
+        server = _server_loop
+        if server is not None and server.is_running() and not server.is_closed():
+            server.call_soon_threadsafe(_start_probe)
+        return
+    if _probe is None or _probe.done():
+        _probe = loop.create_task(_probe_until_back())
+
+
+async def _probe_until_back() -> None:
+    while _down_since is not None:
+        await asyncio.sleep(float(ferry_settings.get("LAYER_PROBE_SECONDS")))
+        layer = _layer()
+        try:
+            async with asyncio.timeout(LAYER_TIMEOUT_S):
+                await layer.group_send(PROBE_GROUP, {"type": "ferry.probe"})
+            # Until none is left: listeners may join while this runs.
+            added: set[tuple[str, str]] = set()
+            while todo := _memberships - added:
+                for group, channel in todo:
+                    async with asyncio.timeout(LAYER_TIMEOUT_S):
+                        await layer.group_add(group, channel)
+                    added.add((group, channel))
+        except Exception:  # noqa: S112 -- still down; said once by layer_failed
+            continue
+        _layer_back()
+
+
+def _probing() -> bool:
+    return _probe is not None and not _probe.done()
+
+
+async def _call(make: Callable[[], Awaitable[None]]) -> None:
+    """A layer call, made once more at once if it fails while the layer is up: a pooled
+    connection that died with a restarted Redis fails once, then is replaced."""
+    try:
+        async with asyncio.timeout(LAYER_TIMEOUT_S):
+            await make()
+            return
+    except Exception:
+        if not layer_up():
+            raise
+    async with asyncio.timeout(LAYER_TIMEOUT_S):
+        await make()
+
+
+async def _answers() -> bool:
+    """Whether the layer answers now; notes it down if not."""
+    try:
+        await _call(lambda: _layer().group_send(PROBE_GROUP, {"type": "ferry.probe"}))
+    except Exception as exc:
+        layer_failed("group_send", exc)
+        return False
+    return True
+
+
+async def join(group: str, channel: str) -> None:
+    """Add channel to a layer group; never fails (a down layer re-adds it when it is back)."""
+    _memberships.add((group, channel))
+    if not layer_up() and _probing():
+        return
+    try:
+        await _call(lambda: _layer().group_add(group, channel))
+    except Exception as exc:
+        layer_failed("group_add", exc)
+
+
+async def leave(group: str, channel: str) -> None:
+    """Remove channel from a layer group; never fails (Redis expires the entry in the end)."""
+    _memberships.discard((group, channel))
+    if not layer_up():
+        return
+    try:
+        await _call(lambda: _layer().group_discard(group, channel))
+    except Exception as exc:
+        layer_failed("group_discard", exc)
+
+
+async def receive(channel: str) -> dict[str, Any]:
+    """The layer's receive for a listener's channel, outlasting an outage: while the layer is
+    down it waits for the probe to see it back, then receives again."""
+    layer = _layer()
+    while True:
+        while not layer_up():
+            await asyncio.sleep(wakeup_poll_s())
+        try:
+            return await layer.receive(channel)
+        except Exception:
+            # Down (noted by _answers), or only this connection died: either way, soon again.
+            await _answers()
+            await asyncio.sleep(wakeup_poll_s())
+
+
+async def _guarded_send(group: str, event: dict[str, Any]) -> None:
+    try:
+        await _call(lambda: _layer().group_send(group, event))
+    except Exception as exc:
+        # The write is committed; a missed wake-up only delays listeners (docs/decisions/0014).
+        layer_failed("group_send", exc)
+    else:
+        if not _probing():
+            _layer_back()  # a process without a loop of its own (a worker) sees it here
+
+
 def _send(group: str, event: dict[str, Any]) -> None:
-    layer = cast(_ChannelLayer, get_channel_layer())
+    if not layer_up() and _probing():
+        return  # listeners here poll the database meanwhile; the probe tells when it is back
     loop = _loop_for_send()
     try:
         if loop is not None:
             # Off the server's loop: hand the send to it, which owns the layer's queues,
             # without waiting for it.
-            asyncio.run_coroutine_threadsafe(layer.group_send(group, event), loop)
+            asyncio.run_coroutine_threadsafe(_guarded_send(group, event), loop)
         else:
-            async_to_sync(layer.group_send)(group, event)
+            async_to_sync(_guarded_send)(group, event)
     except Exception:
-        # The write is committed; a missed wake-up only delays listeners until their timeout.
         logger.exception("could not publish %s to %s", event.get("type"), group)
 
 
@@ -111,27 +284,40 @@ async def long_poll(
     """Run attempt until it finds something or max_wait_ms passes, waking on appended messages.
 
     The listener joins the topic's group before the second attempt, so a message committed
-    between the two attempts is either seen by it or wakes the wait: none is missed.
+    between the two attempts is either seen by it or wakes the wait: none is missed. While the
+    layer is down, it re-reads every FERRY_WAKEUP_POLL_MS instead.
     """
     listen_here()
     result = await attempt()
     if not is_empty(result) or max_wait_ms <= 0:
         return result
-    layer = cast(_ChannelLayer, get_channel_layer())
+    layer = _layer()
     loop = asyncio.get_running_loop()
     deadline = loop.time() + max_wait_ms / 1000
     group = topic_group(topic_id_of(result))
     channel = await layer.new_channel("ferry.poll.")
-    await layer.group_add(group, channel)
+    await join(group, channel)
     try:
         while True:
             result = await attempt()
             remaining = deadline - loop.time()
             if not is_empty(result) or remaining <= 0:
                 return result
+            if not layer_up():
+                await asyncio.sleep(min(wakeup_poll_s(), remaining))
+                continue
             try:
                 await asyncio.wait_for(layer.receive(channel), timeout=remaining)
             except TimeoutError:
                 return await attempt()
+            except Exception:
+                await _answers()  # down: the loop polls; else only a connection died
+                await asyncio.sleep(min(wakeup_poll_s(), max(0.0, deadline - loop.time())))
     finally:
-        await layer.group_discard(group, channel)
+        with contextlib.suppress(Exception):
+            await leave(group, channel)
+
+
+async def check_layer() -> bool:
+    """Whether the channel layer answers now (the health check's question)."""
+    return layer_up() and await _answers()

@@ -19,7 +19,7 @@ def test_health__without_key(db):
     response = Client().get("/api/v1/health")
 
     assert response.status_code == 200
-    assert response.json() == {"status": "ok", "database": connection.vendor}
+    assert response.json() == {"status": "ok", "database": connection.vendor, "redis": "not used"}
 
 
 def test_list_topics__by_name(api_client, topic_factory):

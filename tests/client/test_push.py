@@ -145,6 +145,41 @@ async def test_subscriber__a_refused_subscription_raises():
     assert (refused.value.code, refused.value.detail) == ("permission_denied", {"topic": "t"})
 
 
+async def test_subscriber__outage_refusals_and_closes_resubscribe_after_retry_after():
+    """A subscribe refused as unavailable, a subscription ended by a full disk, and a server
+    close (4503) are each followed by a new subscribe (docs/operations.md)."""
+    done = asyncio.Event()
+    values: list[Delivery] = []
+    outage = {"code": "unavailable", "message": "database away", "detail": {"retry_after": 0.05}}
+    full = {"code": "insufficient_storage", "message": "disk full", "detail": {"retry_after": 0}}
+
+    async def refused(ws, subscribe):
+        await ws.send(json.dumps({"type": "error", "ref": "subscribe", "error": outage}))
+        await ws.wait_closed()
+
+    async def ended(ws, subscribe):
+        await subscribed(ws, member_id="m1")
+        await ws.send(json.dumps({"type": "error", "sub": "ferry-client", "error": full}))
+        await ws.wait_closed()
+
+    async def closed(ws, subscribe):
+        await subscribed(ws, member_id="m1")
+        await ws.close(4503, "unavailable")
+
+    async def served(ws, subscribe):
+        await subscribed(ws, member_id="m1")
+        await ws.send(json.dumps({"type": "messages", "items": [item(0, "after")]}))
+        await frames_until(ws, {"ack"})
+        done.set()
+        await frames_until(ws, {"unsubscribe"})
+
+    broker = FakeBroker(refused, ended, closed, served)
+    await consume(await broker.start(), values.append, until=done)
+    broker.server.close()
+    assert [d.value for d in values] == ["after"]
+    assert len(broker.subscribes) == 4
+
+
 def test_consumer__refuses_bad_options():
     with pytest.raises(ValueError, match="mode"):
         AsyncConsumer("http://h", "k", "g", "t", print, mode="both")  # type: ignore[arg-type]

@@ -109,6 +109,29 @@ def test_request__gives_up_with_the_last_error():
     assert broker.calls == ["a", "b", "a", "b"]
 
 
+def test_request__waits_out_an_outage_after_retry_after_beyond_the_retries():
+    """503 unavailable with retry_after (the broker's database is away) does not count as a
+    failure until max_outage_s; the same request is sent again after retry_after."""
+    outage = error(503, "unavailable", retry_after=1, dependency="database")
+    ok = httpx.Response(200, json={"results": []})
+    broker = Broker(a=[outage] * 6 + [ok], b=[httpx.ConnectError("refused")])
+    rest, sleeps = transport(broker, urls=(A,))
+    assert rest.request("POST", "/topics/t/messages", json={"messages": []}) == {"results": []}
+    assert broker.calls == ["a"] * 7
+    assert sleeps == [1.0] * 6
+
+
+def test_request__an_outage_longer_than_max_outage_s_gives_up():
+    policy = RetryPolicy(retries=1, backoff_s=0.1, jitter=lambda: 1.0, max_outage_s=2)
+    broker = Broker(a=[error(503, "unavailable", retry_after=1)])
+    rest, sleeps = transport(broker, urls=(A,), policy=policy)
+    with pytest.raises(BrokerUnavailable) as failed:
+        rest.request("GET", "/topics")
+    assert (failed.value.code, failed.value.detail["retry_after"]) == ("unavailable", 1)
+    # Two waits of retry_after (the outage budget), then the retries as usual.
+    assert sleeps == [1.0, 1.0, 0.1]
+
+
 def test_request__gives_up_unavailable_without_any_answer():
     rest, _ = transport(Broker())
     with pytest.raises(BrokerUnavailable) as failed:

@@ -4,6 +4,7 @@ import asyncio
 
 import pytest
 from channels.db import database_sync_to_async
+from channels.layers import get_channel_layer
 from channels.testing import WebsocketCommunicator
 from django.contrib.auth.models import Permission, User
 
@@ -88,3 +89,9 @@ def test_fingerprint__changed_areas(db, topic_factory):
     after = activity.fingerprint()
     assert set(after.changed_since(before)) == {"topics", "topic_list"}
     assert activity.fingerprint().changed_since(after) == ()
+
+
+def test_console_consumer__uses_no_channel_layer():
+    """It reads the database itself; with a layer, a Redis outage would end the page's socket
+    (issue 17: channels closes the application with 1011 when the layer's receive fails)."""
+    assert get_channel_layer(consumers.ConsoleConsumer.channel_layer_alias) is None

@@ -35,10 +35,13 @@ def server_env(**extra: str) -> dict[str, str]:
     )
 
 
-def start_daphne(**extra_env: str) -> tuple[subprocess.Popen[bytes], str]:
+def start_daphne(
+    env: dict[str, str] | None = None, **extra_env: str
+) -> tuple[subprocess.Popen[bytes], str]:
     """A Daphne process serving mqsite.asgi; returns it and its base URL once it is healthy.
 
-    Started as scripts/run starts it: Daphne's WebSocket limit is FERRY_WS_MAX_FRAME_BYTES.
+    Started as scripts/run starts it: Daphne's WebSocket limit is FERRY_WS_MAX_FRAME_BYTES. It
+    works on this run's test database, unless env (a whole environment) says otherwise.
     """
     port = free_port()
     ws_max = extra_env.get("FERRY_WS_MAX_FRAME_BYTES") or str(
@@ -62,7 +65,7 @@ def start_daphne(**extra_env: str) -> tuple[subprocess.Popen[bytes], str]:
                 "mqsite.asgi:application",
             ],
             cwd=ROOT,
-            env=server_env(**extra_env),
+            env=dict(env, **extra_env) if env is not None else server_env(**extra_env),
             stdout=log_file,
             stderr=subprocess.STDOUT,
         )

@@ -319,3 +319,68 @@ def test_ferry_mjs__exports_the_plain_script_client(open_page):
     )
 
     assert exported == [True, "function", "function", "function"]
+
+
+# A scripted server for ferry.js, in the page: the outage answers a real server gives only while
+# its database is away (tests/integration/test_faults.py drives the real ones).
+FAKE_OUTAGE_SERVER = """
+(() => {
+  const unavailable = {code: "unavailable", message: "database away",
+                       detail: {retry_after: 0.05, dependency: "database"}};
+  window.sent = [];
+  let subscribes = 0, publishes = 0, acks = 0;
+  class FakeSocket {
+    constructor(url) {
+      setTimeout(() => this.onopen(), 0);
+    }
+    answer(frame) {
+      setTimeout(() => this.onmessage({data: JSON.stringify(frame)}), 0);
+    }
+    send(data) {
+      const f = JSON.parse(data);
+      window.sent.push(f.type);
+      if (f.type === "subscribe") {
+        subscribes += 1;
+        if (subscribes === 1) return this.answer({type: "error", ref: f.ref, error: unavailable});
+        this.answer({type: "subscribed", ref: f.ref, sub: f.sub, member_id: "m",
+                     mode: "clustering", partitions: [0]});
+        if (subscribes === 2) {
+          // The subscription ends on the server: it is subscribed again.
+          this.answer({type: "error", sub: f.sub, error: unavailable});
+        } else {
+          this.answer({type: "messages", sub: f.sub, items: [{value: "v", receipt: "r"}]});
+        }
+      } else if (f.type === "publish") {
+        publishes += 1;
+        if (publishes === 1) return this.answer({type: "error", ref: f.ref, error: unavailable});
+        this.answer({type: "published", ref: f.ref, results: [{partition: 0, offset: 0}]});
+      } else if (f.type === "ack") {
+        acks += 1;
+        if (acks === 1) return this.answer({type: "error", ref: f.ref, error: unavailable});
+        this.answer({type: "acked", ref: f.ref, sub: f.sub, settled: 1, stale: []});
+      }
+    }
+    close() {}
+  }
+  window.outage = {handled: 0, acked: 0, published: null};
+  const client = Ferry.connect("/ws/v1/", {WebSocket: FakeSocket, ackDelayMs: 0});
+  client.subscribe({topic: "t", group: "g"}, () => { window.outage.handled += 1; });
+  client.addEventListener("acked", () => { window.outage.acked += 1; });
+  client.publish("t", [{id: "m1", value: 1}]).then((r) => { window.outage.published = r; });
+  return true;
+})()
+"""
+
+
+def test_ferry_js__rides_out_unavailable_answers(open_page):
+    """A subscribe refused and a subscription ended as unavailable subscribe again after
+    retry_after; a publish with ids and an ack answered unavailable are sent again."""
+    page = open_page()
+    page.evaluate(FAKE_OUTAGE_SERVER)
+
+    page.wait_for("window.outage.acked === 1 && window.outage.published !== null")
+
+    assert page.evaluate("window.outage.handled") == 1
+    assert page.evaluate("window.sent.filter((t) => t === 'subscribe').length") == 3
+    assert page.evaluate("window.sent.filter((t) => t === 'publish').length") == 2
+    assert page.evaluate("window.sent.filter((t) => t === 'ack').length") == 2

@@ -317,3 +317,60 @@ async def test_subscribe__client_name_shown_with_the_member():
         [member] = info.members
         assert member.client == "ui-1"
         assert member.host.startswith("websocket")
+
+
+async def test_connection_failure__closes_4500_and_the_member_leaves():
+    """Issue 17: whatever ends the connection ends its members; never 1011."""
+    from channels.layers import get_channel_layer
+
+    from broker import models
+    from broker.core import events
+
+    secret = await make_key("admin:*")
+    info = await new_topic("breaks")
+    ws = await connect(secret)
+    await send(ws, {"type": "subscribe", "sub": "s", "topic": "breaks", "group": "g"})
+    await recv_type(ws, "subscribed")
+    # An event the consumer cannot handle: its application fails.
+    layer = get_channel_layer()
+    assert layer is not None
+    await layer.group_send(events.topic_group(info.id), {"type": "ferry.messages_appended"})
+    closed = await ws.receive_output(timeout=3)
+    assert closed == {"type": "websocket.close", "code": 4500}
+    await ws.wait(timeout=3)
+    assert await sync(lambda: list(models.GroupMember.objects.all())) == []
+
+
+async def test_disconnect__a_leave_that_cannot_be_written_stops_heartbeating(monkeypatch, settings):
+    """Issue 17: the database failing while a socket closes leaves members that no longer
+    heartbeat (every subscription's, not only the first's), so the session timeout expires them."""
+    import asyncio
+
+    from django.db.utils import OperationalError
+
+    from broker import models
+    from broker.core import membership
+
+    def database_away(*args, **kwargs):
+        raise OperationalError("the database went away")
+
+    def heartbeats():
+        return sorted(models.GroupMember.objects.values_list("heartbeat_ms", flat=True))
+
+    settings.FERRY_HEARTBEAT_INTERVAL_MS = 100
+    secret = await make_key("admin:*")
+    await sync(groups.configure_group, keys.CONSOLE, "g", session_timeout_ms=1000)
+    ws = await connect(secret)
+    for name in ("gone1", "gone2"):
+        await new_topic(name)
+        await send(ws, {"type": "subscribe", "sub": name, "topic": name, "group": "g"})
+        await recv_type(ws, "subscribed")
+    monkeypatch.setattr(membership, "leave_group", database_away)
+    await ws.disconnect()
+    beats = await sync(heartbeats)
+    await asyncio.sleep(0.5)
+
+    assert len(beats) == 2
+    assert await sync(heartbeats) == beats
+    await asyncio.sleep(0.6)
+    assert await sync(membership.expire_members) == 2

@@ -1,0 +1,115 @@
+"""broker/core/events.py with a channel layer that fails, as Redis does when it is down (issue 17):
+waits fall back to a database poll, it is said once, and the layer is taken back by itself."""
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+import orjson
+import pytest
+from asgiref.sync import sync_to_async
+from channels.layers import InMemoryChannelLayer, channel_layers
+from django.db import connection
+
+from broker.core import events, keys, log, topics
+from broker.core.records import NewMessage
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+class FlakyLayer(InMemoryChannelLayer):
+    """The in-memory layer, except that every call fails while `down` (a killed Redis)."""
+
+    down = True
+
+    def _check(self) -> None:
+        if FlakyLayer.down:
+            raise ConnectionError("Error 111 connecting to 127.0.0.1:6379. Connection refused.")
+
+    async def group_add(self, group, channel):
+        self._check()
+        await super().group_add(group, channel)
+
+    async def group_send(self, group, message):
+        self._check()
+        await super().group_send(group, message)
+
+    async def receive(self, channel):
+        self._check()
+        return await super().receive(channel)
+
+
+@pytest.fixture
+def flaky_layer(settings):
+    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "tests.core.test_events.FlakyLayer"}}
+    settings.FERRY_LAYER_PROBE_SECONDS = 0.1
+    channel_layers.backends.clear()
+    FlakyLayer.down = True
+    yield FlakyLayer
+    channel_layers.backends.clear()
+    events._down_since = None
+    events._memberships.clear()
+    events._probe = None
+
+
+async def close_thread_connection():
+    """The core ran on asgiref's thread: close its connection (PostgreSQL drops the test
+    database at the end), as tests/core/test_groupcommit.py does."""
+
+    def close():
+        connection.inc_thread_sharing()
+        try:
+            connection.close()
+        finally:
+            connection.dec_thread_sharing()
+
+    await sync_to_async(close)()
+
+
+async def test_long_poll__layer_down_falls_back_to_a_database_poll(flaky_layer, caplog):
+    try:
+        await _layer_down_then_back(flaky_layer, caplog)
+    finally:
+        await close_thread_connection()
+
+
+async def _layer_down_then_back(flaky_layer, caplog):
+    await sync_to_async(topics.create_topic)(keys.CONSOLE, "outage", 1)
+
+    async def produce_later() -> None:
+        await asyncio.sleep(0.3)
+        await sync_to_async(log.append_messages)(
+            keys.CONSOLE, "outage", [NewMessage(orjson.dumps(1))]
+        )
+
+    caplog.set_level(logging.WARNING, logger="broker.core.events")
+    producer = asyncio.create_task(produce_later())
+    started = time.monotonic()
+    result = await log.read_messages_async(keys.CONSOLE, "outage", 0, 0, 10, 10_000)
+    elapsed = time.monotonic() - started
+    await producer
+
+    assert [m.offset for m in result.messages] == [0]
+    # Woken by the database poll (FERRY_WAKEUP_POLL_MS, 250 ms), not at the 10 s deadline.
+    assert elapsed < 2, elapsed
+    assert not events.layer_up()
+    assert [r.message for r in caplog.records].count(
+        "channel layer unreachable (group_add: Error 111 connecting to 127.0.0.1:6379. "
+        "Connection refused.): wake-ups fall back to a database poll every 250 ms until it is "
+        "back"
+    ) == 1
+
+    # Back: the probe sees it, says so once, and this process's listeners are added again.
+    events._memberships.add(("ferry.topic.1", "ferry.poll.listener"))
+    flaky_layer.down = False
+    await events.join("ferry.topic.2", "ferry.poll.other")  # after the probe started
+    for _ in range(50):
+        if events.layer_up():
+            break
+        await asyncio.sleep(0.05)
+    assert events.layer_up()
+    assert sum("channel layer reachable again" in r.message for r in caplog.records) == 1
+    layer: Any = channel_layers["default"]
+    assert "ferry.poll.listener" in layer.groups["ferry.topic.1"]
+    assert "ferry.poll.other" in layer.groups["ferry.topic.2"]
