@@ -375,21 +375,36 @@ def json_response(body: dict[str, Any], status: int = 200) -> HttpResponse:
     return HttpResponse(orjson.dumps(body), status=status, content_type="application/json")
 
 
-@api.get("/health", auth=None, response=schemas.HealthOut, tags=["health"])
-def health(request: HttpRequest) -> dict[str, str]:
+def _check_database() -> str:
     with connection.cursor() as cursor:
         cursor.execute("SELECT 1")
-    return {"status": "ok", "database": connection.vendor}
+    return connection.vendor
+
+
+@api.get("/health", auth=None, response=schemas.HealthOut, tags=["health"])
+async def health(request: HttpRequest) -> dict[str, str]:
+    # On a reader thread: a slow listing or a long write never holds the health check back.
+    return {"status": "ok", "database": await dbthreads.read(_check_database)}
+
+
+# Listings answer pages (docs/api.md#pages): limit entries named after `after`.
+ListLimit = Query(None, ge=0, le=INT32_MAX, description="At most this many, 1..1000.")
+ListAfter = Query(None, max_length=200, description="Start after this name (the last one seen).")
 
 
 @api.get("/topics", response=list[schemas.TopicOut], tags=["topics"])
-def list_topics(request: AuthedRequest) -> list[dict[str, Any]]:
-    return [topic_out(t) for t in topics.list_topics(request.auth)]
+async def list_topics(
+    request: AuthedRequest, limit: int | None = ListLimit, after: str | None = ListAfter
+) -> list[dict[str, Any]]:
+    found = await dbthreads.read(topics.list_topics, request.auth, limit=limit, after=after)
+    return [topic_out(t) for t in found]
 
 
 @api.post("/topics", response={201: schemas.TopicOut}, tags=["topics"])
-def create_topic(request: AuthedRequest, body: schemas.TopicIn) -> Status[dict[str, Any]]:
-    info = audit.audited(
+async def create_topic(request: AuthedRequest, body: schemas.TopicIn) -> Status[dict[str, Any]]:
+    # Async because GET /topics is (Ninja keeps one kind per path); the write is the writer's.
+    info = await dbthreads.run(
+        audit.audited,
         actor_of(request),
         "topic.create",
         body.name,
@@ -430,8 +445,14 @@ def alter_topic(request: AuthedRequest, name: str, body: schemas.TopicPatch) -> 
 
 @api.delete("/topics/{name}", response={204: None}, tags=["topics"])
 def delete_topic(request: AuthedRequest, name: str) -> Status[None]:
+    # Marks it and answers at once; its rows are deleted in the background (docs/api.md).
     audit.audited(
-        actor_of(request), "topic.delete", name, {}, lambda: topics.delete_topic(request.auth, name)
+        actor_of(request),
+        "topic.delete",
+        name,
+        {},
+        lambda: topics.delete_topic(request.auth, name),
+        lambda d: {"messages": d.messages, "deleting": True},
     )
     return Status(204, None)
 
@@ -500,7 +521,7 @@ async def lookup_messages(
     limit: int = Query(50, ge=0, le=INT32_MAX),
 ) -> HttpResponse:
     # Async like produce on this path (Ninja cannot mix sync and async operations on a path).
-    result = await dbthreads.run(
+    result = await dbthreads.read(
         lambda: browse.search_messages(
             request.auth, name, key=key, client_id=id, partition=partition, limit=limit
         )
@@ -967,8 +988,11 @@ def reset(request: AuthedRequest, group: str, body: schemas.ResetIn) -> dict[str
 
 
 @api.get("/groups", response=list[schemas.GroupOut], tags=["groups"])
-def list_groups(request: AuthedRequest) -> list[dict[str, Any]]:
-    return [group_out(g) for g in groups.list_groups(request.auth)]
+async def list_groups(
+    request: AuthedRequest, limit: int | None = ListLimit, after: str | None = ListAfter
+) -> list[dict[str, Any]]:
+    found = await dbthreads.read(groups.list_groups, request.auth, limit=limit, after=after)
+    return [group_out(g) for g in found]
 
 
 @api.get("/groups/{group}", response=schemas.GroupOut, tags=["groups"])
@@ -1006,11 +1030,24 @@ def group_history(
 
 
 @api.get("/overview", response=schemas.OverviewOut, tags=["overview"])
-def overview(request: AuthedRequest) -> dict[str, Any]:
-    result = groups.overview(request.auth)
+async def overview(
+    request: AuthedRequest,
+    limit: int | None = ListLimit,
+    topics_after: str | None = ListAfter,
+    groups_after: str | None = ListAfter,
+) -> dict[str, Any]:
+    result = await dbthreads.read(
+        groups.overview,
+        request.auth,
+        limit=limit,
+        topics_after=topics_after,
+        groups_after=groups_after,
+    )
     return {
         "topics": [topic_out(t) for t in result.topics],
         "groups": [group_topic_out(g) for g in result.groups],
+        "next_topics_after": result.next_topics_after,
+        "next_groups_after": result.next_groups_after,
     }
 
 

@@ -64,14 +64,14 @@ class DeadLetterCount:
 def summary(principal: Principal) -> ConsoleSummary:
     """Totals over the whole broker for the overview's cards."""
     keys.require_superuser(principal)
-    partitions = models.Partition.objects.aggregate(
+    partitions = models.Partition.objects.filter(topic__deleting_since_ms__isnull=True).aggregate(
         partitions=Count("id"),
         stored=Sum(F("next_offset") - F("start_offset")),
         ends=Sum("next_offset"),
         size=Sum("bytes_stored"),
     )
     return ConsoleSummary(
-        topics=models.Topic.objects.count(),
+        topics=models.Topic.objects.filter(deleting_since_ms__isnull=True).count(),
         partitions=partitions["partitions"] or 0,
         message_count=partitions["stored"] or 0,
         end_offset_total=partitions["ends"] or 0,

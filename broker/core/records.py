@@ -312,9 +312,21 @@ class PollResult:
 
 
 @dataclass(frozen=True)
+class TopicDeletion:
+    """A topic marked for deletion: its name, since when, and its messages (still) stored."""
+
+    name: str
+    since_ms: int
+    messages: int
+
+
+@dataclass(frozen=True)
 class Overview:
     topics: tuple[TopicInfo, ...]
     groups: tuple[GroupTopicOffsets, ...]
+    # Where the next pages start (topics_after, groups_after); None: this was the last page.
+    next_topics_after: str | None = None
+    next_groups_after: str | None = None
 
 
 class Delivery(NamedTuple):

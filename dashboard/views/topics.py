@@ -59,6 +59,7 @@ def topic_list(request: HttpRequest) -> HttpResponse:
             # A column heading sorts by it; a second click reverses.
             "sort_next": {c: f"-{c}" if sort == c else c for c in SORTS},
             "overflow_policies": topics.OVERFLOW_POLICIES,
+            "deletions": topics.list_topic_deletions(principal),
         },
     )
 

@@ -304,3 +304,71 @@ def test_describe_group__in_flight_and_retry_waiting_apart(topic_factory, consol
     p = offsets.partitions[0]
     assert (p.in_flight, p.retry_waiting, p.lag) == (2, 1, 4)
     assert (offsets.in_flight, offsets.retry_waiting, offsets.end_total) == (2, 1, 4)
+
+
+def _commit_everywhere(console, topic_names, group_names):
+    for topic_name in topic_names:
+        for group_name in group_names:
+            groups.commit_offsets(console, group_name, topic_name, {0: 0})
+
+
+def test_list_groups__filtered_by_permission_in_the_query(
+    topic_factory, key_factory, console, django_assert_max_num_queries
+):
+    for name in ("orders.eu", "orders.us", "billing", "zilling"):
+        topic_factory(name)
+    _commit_everywhere(console, ["orders.eu", "billing"], ["g1", "g2"])
+    _commit_everywhere(console, ["orders.us"], ["g3"])
+    _commit_everywhere(console, ["zilling"], ["g4"])
+    producer, _ = key_factory("produce:*")
+    # A key that sees no group reads no offsets: the permission filter is in the query.
+    with django_assert_max_num_queries(0):
+        assert groups.list_groups(producer) == []
+    reader, _ = key_factory("consume:orders.??")
+    assert [g.name for g in groups.list_groups(reader)] == ["g1", "g2", "g3"]
+    assert {t.topic for g in groups.list_groups(reader) for t in g.topics} == {
+        "orders.eu",
+        "orders.us",
+    }
+    # A character class matches exactly, in Python, after a wider SQL filter.
+    classy, _ = key_factory("consume:[bz]illing")
+    assert [g.name for g in groups.list_groups(classy)] == ["g1", "g2", "g4"]
+    assert [g.name for g in groups.list_groups(classy, limit=2, after="g1")] == ["g2", "g4"]
+
+
+def test_list_groups__pages_by_name(topic_factory, console, django_assert_max_num_queries):
+    topic_factory("orders", partitions=4)
+    names = [f"g{n:02}" for n in range(12)]
+    _commit_everywhere(console, ["orders"], names)
+    seen, after = [], None
+    while True:
+        # A page's figures are read in a fixed number of queries, whatever the page size.
+        with django_assert_max_num_queries(8):
+            page = groups.list_groups(console, limit=5, after=after)
+        seen += [g.name for g in page]
+        if len(page) < 5:
+            break
+        after = page[-1].name
+    assert seen == names
+    assert [len(g.topics[0].partitions) for g in groups.list_groups(console, limit=2)] == [4, 4]
+    with pytest.raises(errors.InvalidRequest):
+        groups.list_groups(console, limit=0)
+
+
+def test_overview__pages(topic_factory, console):
+    for name in ("a", "b", "c"):
+        topic_factory(name)
+    _commit_everywhere(console, ["a", "b"], ["g1", "g2", "g3"])
+    first = groups.overview(console, limit=2)
+    assert [t.name for t in first.topics] == ["a", "b"]
+    assert [(g.group, g.topic) for g in first.groups] == [
+        ("g1", "a"),
+        ("g1", "b"),
+        ("g2", "a"),
+        ("g2", "b"),
+    ]
+    assert (first.next_topics_after, first.next_groups_after) == ("b", "g2")
+    second = groups.overview(console, limit=2, topics_after="b", groups_after="g2")
+    assert [t.name for t in second.topics] == ["c"]
+    assert [g.group for g in second.groups] == ["g3", "g3"]
+    assert (second.next_topics_after, second.next_groups_after) == (None, None)
