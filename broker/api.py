@@ -3,6 +3,7 @@
 import dataclasses
 import json
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -387,6 +388,15 @@ async def health(request: HttpRequest) -> dict[str, str]:
     return {"status": "ok", "database": await dbthreads.read(_check_database)}
 
 
+async def rendered_on_reader(answer: Callable[[], bytes]) -> HttpResponse:
+    """Run a listing's core call and its rendering on a reader thread, and send the JSON.
+
+    Rendering a large listing takes as long as reading it; on the event loop it would hold up
+    every other request of the process (health included), so it is done on the thread too.
+    """
+    return HttpResponse(await dbthreads.read(answer), content_type="application/json")
+
+
 # Listings answer pages (docs/api.md#pages): limit entries named after `after`.
 ListLimit = Query(None, ge=0, le=INT32_MAX, description="At most this many, 1..1000.")
 ListAfter = Query(None, max_length=200, description="Start after this name (the last one seen).")
@@ -395,9 +405,12 @@ ListAfter = Query(None, max_length=200, description="Start after this name (the 
 @api.get("/topics", response=list[schemas.TopicOut], tags=["topics"])
 async def list_topics(
     request: AuthedRequest, limit: int | None = ListLimit, after: str | None = ListAfter
-) -> list[dict[str, Any]]:
-    found = await dbthreads.read(topics.list_topics, request.auth, limit=limit, after=after)
-    return [topic_out(t) for t in found]
+) -> HttpResponse:
+    def answer() -> bytes:
+        found = topics.list_topics(request.auth, limit=limit, after=after)
+        return orjson.dumps([topic_out(t) for t in found])
+
+    return await rendered_on_reader(answer)
 
 
 @api.post("/topics", response={201: schemas.TopicOut}, tags=["topics"])
@@ -990,9 +1003,12 @@ def reset(request: AuthedRequest, group: str, body: schemas.ResetIn) -> dict[str
 @api.get("/groups", response=list[schemas.GroupOut], tags=["groups"])
 async def list_groups(
     request: AuthedRequest, limit: int | None = ListLimit, after: str | None = ListAfter
-) -> list[dict[str, Any]]:
-    found = await dbthreads.read(groups.list_groups, request.auth, limit=limit, after=after)
-    return [group_out(g) for g in found]
+) -> HttpResponse:
+    def answer() -> bytes:
+        found = groups.list_groups(request.auth, limit=limit, after=after)
+        return orjson.dumps([group_out(g) for g in found])
+
+    return await rendered_on_reader(answer)
 
 
 @api.get("/groups/{group}", response=schemas.GroupOut, tags=["groups"])
@@ -1035,20 +1051,21 @@ async def overview(
     limit: int | None = ListLimit,
     topics_after: str | None = ListAfter,
     groups_after: str | None = ListAfter,
-) -> dict[str, Any]:
-    result = await dbthreads.read(
-        groups.overview,
-        request.auth,
-        limit=limit,
-        topics_after=topics_after,
-        groups_after=groups_after,
-    )
-    return {
-        "topics": [topic_out(t) for t in result.topics],
-        "groups": [group_topic_out(g) for g in result.groups],
-        "next_topics_after": result.next_topics_after,
-        "next_groups_after": result.next_groups_after,
-    }
+) -> HttpResponse:
+    def answer() -> bytes:
+        result = groups.overview(
+            request.auth, limit=limit, topics_after=topics_after, groups_after=groups_after
+        )
+        return orjson.dumps(
+            {
+                "topics": [topic_out(t) for t in result.topics],
+                "groups": [group_topic_out(g) for g in result.groups],
+                "next_topics_after": result.next_topics_after,
+                "next_groups_after": result.next_groups_after,
+            }
+        )
+
+    return await rendered_on_reader(answer)
 
 
 def api_key_out(info: ApiKeyInfo) -> dict[str, Any]:
