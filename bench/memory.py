@@ -2,13 +2,13 @@
 
 Run by `make bench` (scripts/bench); not part of the test suite (STYLE.md §6). Before the
 parsing budget, four concurrent 60 MB produce requests took the server to 1.4 GB, which it kept.
-For each budget in BUDGETS this script:
+For each run of RUNS (a budget, clients, rounds) this script:
 
 1. starts Daphne (background jobs off) with FERRY_MAX_PARSING_BYTES set to it, on the database
    the environment names (a temporary embedded SQLite, or DATABASE_URL);
 2. reads the Daphne process's VmHWM (peak resident set) from /proc/<pid>/status once healthy;
-3. sends CLIENTS produce requests of about 60 MB at once (60 messages of a 1,000,000-character
-   JSON string each), ROUNDS times, retrying a 503 `busy` after its retry_after;
+3. sends `clients` produce requests of about 60 MB at once (60 messages of a 1,000,000-character
+   JSON string each), `rounds` times, retrying a 503 `busy` after its retry_after;
 4. reads VmHWM and VmRSS again, prints them beside the budget, and stops Daphne by its PID.
 
     .venv/bin/python bench/memory.py
@@ -41,8 +41,9 @@ CLIENTS = 4
 ROUNDS = 3
 MESSAGES = 60
 VALUE_CHARS = 1_000_000
-# The default budget (256 MiB: all four requests at once), and one request at a time (64 MiB).
-BUDGETS = (256 * MIB, 64 * MIB)
+# (budget, clients, rounds): one request alone (what one costs), then the default budget (256
+# MiB: all four requests at once) and one request at a time (64 MiB).
+RUNS = ((256 * MIB, 1, 1), (256 * MIB, CLIENTS, ROUNDS), (64 * MIB, CLIENTS, ROUNDS))
 
 
 def status_kib(pid: int) -> dict[str, int]:
@@ -60,15 +61,17 @@ def body() -> bytes:
     return orjson.dumps({"messages": [{"value": value} for _ in range(MESSAGES)]})
 
 
-def produce_all(url: str, secret: str, payload: bytes) -> tuple[int, int, float]:
-    """CLIENTS concurrent requests, ROUNDS times: (accepted, answered busy, seconds)."""
+def produce_all(
+    url: str, secret: str, payload: bytes, clients: int, rounds: int
+) -> tuple[int, int, float]:
+    """`clients` concurrent requests, `rounds` times: (accepted, answered busy, seconds)."""
     accepted = busy = 0
     lock = threading.Lock()
 
     def client() -> None:
         nonlocal accepted, busy
         with httpx.Client(timeout=600) as c:
-            for _ in range(ROUNDS):
+            for _ in range(rounds):
                 while True:
                     response = c.post(
                         f"{url}/api/v1/topics/big/messages",
@@ -89,7 +92,7 @@ def produce_all(url: str, secret: str, payload: bytes) -> tuple[int, int, float]
                     break
 
     started = time.perf_counter()
-    threads = [threading.Thread(target=client) for _ in range(CLIENTS)]
+    threads = [threading.Thread(target=client) for _ in range(clients)]
     for t in threads:
         t.start()
     for t in threads:
@@ -111,7 +114,7 @@ def main() -> int:
         )
         payload = body()
         progress(f"request body: {len(payload) / MIB:.1f} MiB")
-        for budget in BUDGETS:
+        for budget, clients, rounds in RUNS:
             os.environ["FERRY_MAX_PARSING_BYTES"] = str(budget)
             port = free_port()
             log_path = data_dir / f"daphne-{budget}.log"
@@ -120,10 +123,10 @@ def main() -> int:
                 url = f"http://127.0.0.1:{port}"
                 wait_healthy(url, proc, log_path)
                 before = status_kib(proc.pid)
-                progress(f"budget {budget // MIB} MiB: {CLIENTS} x {ROUNDS} produces")
-                accepted, busy, took = produce_all(url, secret, payload)
+                progress(f"budget {budget // MIB} MiB: {clients} x {rounds} produces")
+                accepted, busy, took = produce_all(url, secret, payload, clients, rounds)
                 after = status_kib(proc.pid)
-                rows.append((budget, before, after, accepted, busy, took))
+                rows.append((budget, clients, rounds, before, after, accepted, busy, took))
             finally:
                 stop_daphne(proc)
     finally:
@@ -133,18 +136,18 @@ def main() -> int:
     print(f"# bench/memory.py: {database_description()}")
     print(f"command: {command_line()}")
     print(
-        f"{CLIENTS} clients at once, {ROUNDS} requests each, of {len(payload) / MIB:.1f} MiB "
-        f"({MESSAGES} messages of {VALUE_CHARS:,} characters)"
+        f"requests of {len(payload) / MIB:.1f} MiB ({MESSAGES} messages of {VALUE_CHARS:,} "
+        "characters), from clients at once, each sending its requests one after the other"
     )
     print()
     print(
-        "| FERRY_MAX_PARSING_BYTES | peak RSS (VmHWM) before | peak RSS after | RSS after "
-        "| accepted | answered 503 busy | seconds |"
+        "| FERRY_MAX_PARSING_BYTES | clients x requests | peak RSS (VmHWM) before | peak RSS "
+        "after | RSS after | accepted | answered 503 busy | seconds |"
     )
-    print("| --- | --- | --- | --- | --- | --- | --- |")
-    for budget, before, after, accepted, busy, took in rows:
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for budget, clients, rounds, before, after, accepted, busy, took in rows:
         print(
-            f"| {budget // MIB} MiB | {before['VmHWM'] / 1024:.0f} MiB "
+            f"| {budget // MIB} MiB | {clients} x {rounds} | {before['VmHWM'] / 1024:.0f} MiB "
             f"| {after['VmHWM'] / 1024:.0f} MiB | {after['VmRSS'] / 1024:.0f} MiB "
             f"| {accepted} | {busy} | {took:.1f} |"
         )
