@@ -289,6 +289,20 @@ class GroupSettings:
 
 
 @dataclass(frozen=True)
+class GroupTopicTotals:
+    """A group's totals over a topic's partitions, summed in SQL (the console's lists)."""
+
+    group: str
+    topic: str
+    subscriber: str
+    committed_total: int
+    end_total: int
+    lag: int
+    in_flight: int
+    retry_waiting: int
+
+
+@dataclass(frozen=True)
 class GroupInfo:
     name: str
     created_at_ms: int

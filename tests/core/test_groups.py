@@ -372,3 +372,30 @@ def test_overview__pages(topic_factory, console):
     assert [t.name for t in second.topics] == ["c"]
     assert [g.group for g in second.groups] == ["g3", "g3"]
     assert (second.next_topics_after, second.next_groups_after) == (None, None)
+
+
+def test_list_group_totals__the_sums_of_list_group_offsets(topic_factory, console, key_factory):
+    topic_factory("orders", partitions=3)
+    topic_factory("hidden")
+    produce(console, "orders", 9)
+    groups.commit_offsets(console, "g", "orders", {0: 1, 1: 2})
+    groups.commit_offsets(console, "h", "orders", {2: 3})
+    groups.commit_offsets(console, "g", "hidden", {0: 0})
+    membership.join_group(console, "w", "orders", member_id="m1")
+    delivered = delivery.deliver_messages(console, "w", "orders", "m1", max_messages=2)
+    assert len(delivered.deliveries) == 2
+    # The start offset past the committed one counts as the position (retention moved it).
+    log.purge_topic(console, "orders", {0: 2})
+    reader, _ = key_factory("consume:orders")
+    detailed = groups.list_group_offsets(reader)
+    totals = groups.list_group_totals(reader)
+    assert sorted(totals) == sorted(detailed) == ["g", "h", "w"]
+    for name, offsets in detailed.items():
+        assert [
+            (t.topic, t.committed_total, t.end_total, t.lag, t.in_flight, t.retry_waiting)
+            for t in totals[name]
+        ] == [
+            (t.topic, t.committed_total, t.end_total, t.lag, t.in_flight, t.retry_waiting)
+            for t in offsets
+        ]
+    assert sum(t.in_flight for t in totals["w"]) == 2
