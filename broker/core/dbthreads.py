@@ -135,8 +135,8 @@ async def read(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
 
     The reader's connection refuses writes: a function that writes fails with a database error
     (tests/core/test_dbthreads.py). It must not open a transaction either: on SQLite every
-    transaction begins IMMEDIATE and would take the write lock. With FERRY_DB_THREADS=0 or FERRY_DB_READ_THREADS=0 it runs
-    where run() would.
+    transaction begins IMMEDIATE and would take the write lock. With FERRY_DB_THREADS=0 or
+    FERRY_DB_READ_THREADS=0 it runs where run() would.
     """
     pool = _get_read_pool()
     if pool is None:
