@@ -923,8 +923,12 @@ def leave_group(request: AuthedRequest, group: str, member_id: str) -> Status[No
 
 
 @api.patch("/groups/{group}", response=schemas.GroupOut, tags=["groups"])
-def configure_group(request: AuthedRequest, group: str, body: schemas.GroupPatch) -> dict[str, Any]:
-    info = audit.audited(
+async def configure_group(
+    request: AuthedRequest, group: str, body: schemas.GroupPatch
+) -> dict[str, Any]:
+    # Async because GET /groups/{group} is (one kind per path): the write is the writer's.
+    info = await dbthreads.run(
+        audit.audited,
         actor_of(request),
         "group.configure",
         group,
@@ -945,8 +949,9 @@ def configure_group(request: AuthedRequest, group: str, body: schemas.GroupPatch
 
 
 @api.delete("/groups/{group}", response={204: None}, tags=["groups"])
-def delete_group(request: AuthedRequest, group: str, force: bool = False) -> Status[None]:
-    audit.audited(
+async def delete_group(request: AuthedRequest, group: str, force: bool = False) -> Status[None]:
+    await dbthreads.run(
+        audit.audited,
         actor_of(request),
         "group.delete",
         group,
@@ -1012,8 +1017,10 @@ async def list_groups(
 
 
 @api.get("/groups/{group}", response=schemas.GroupOut, tags=["groups"])
-def describe_group(request: AuthedRequest, group: str) -> dict[str, Any]:
-    return group_out(groups.describe_group(request.auth, group))
+async def describe_group(request: AuthedRequest, group: str) -> HttpResponse:
+    return await rendered_on_reader(
+        lambda: orjson.dumps(group_out(groups.describe_group(request.auth, group)))
+    )
 
 
 # History answers the last hour unless asked for another window (docs/metrics.md#history).
