@@ -384,18 +384,25 @@ def test_list_group_totals__the_sums_of_list_group_offsets(topic_factory, consol
     membership.join_group(console, "w", "orders", member_id="m1")
     delivered = delivery.deliver_messages(console, "w", "orders", "m1", max_messages=2)
     assert len(delivered.deliveries) == 2
+    # Broadcast: each member has offsets of its own, one row of totals each.
+    groups.configure_group(console, "b", mode="broadcast")
+    for member in ("b1", "b2"):
+        membership.join_group(console, "b", "orders", member_id=member)
+    delivery.deliver_messages(console, "b", "orders", "b1", max_messages=3)
     # The start offset past the committed one counts as the position (retention moved it).
     log.purge_topic(console, "orders", {0: 2})
     reader, _ = key_factory("consume:orders")
     detailed = groups.list_group_offsets(reader)
     totals = groups.list_group_totals(reader)
-    assert sorted(totals) == sorted(detailed) == ["g", "h", "w"]
+    assert sorted(totals) == sorted(detailed) == ["b", "g", "h", "w"]
+    assert [t.subscriber for t in totals["b"]] == ["b1", "b2"]
     for name, offsets in detailed.items():
         assert [
-            (t.topic, t.committed_total, t.end_total, t.lag, t.in_flight, t.retry_waiting)
+            (t.topic, t.subscriber, t.committed_total, t.end_total, t.lag, t.in_flight)
             for t in totals[name]
         ] == [
-            (t.topic, t.committed_total, t.end_total, t.lag, t.in_flight, t.retry_waiting)
+            (t.topic, t.subscriber, t.committed_total, t.end_total, t.lag, t.in_flight)
             for t in offsets
         ]
+        assert [t.retry_waiting for t in totals[name]] == [t.retry_waiting for t in offsets]
     assert sum(t.in_flight for t in totals["w"]) == 2

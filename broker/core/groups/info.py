@@ -276,7 +276,9 @@ def list_group_totals(principal: Principal) -> dict[str, list[GroupTopicTotals]]
     position = Greatest(F("committed_offset"), F("partition__start_offset"))
     rows = (
         models.GroupOffset.objects.filter(partition__topic__in=visible)
-        .values("group__name", "group_id", "partition__topic__name", "partition__topic_id")
+        .values(
+            "group__name", "group_id", "partition__topic__name", "partition__topic_id", "subscriber"
+        )
         .annotate(
             committed=Sum(position),
             end=Sum("partition__next_offset"),
