@@ -4,6 +4,7 @@ import asyncio
 import dataclasses
 import json
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -409,8 +410,11 @@ def json_response(body: dict[str, Any], status: int = 200) -> HttpResponse:
 @api.get("/health", auth=None, response=schemas.HealthOut, tags=["health"])
 async def health(request: HttpRequest) -> dict[str, str]:
     """503 `unavailable` naming the database when it cannot be reached; a Redis that cannot be
-    reached only makes the broker `degraded` (wake-ups by a database poll, docs/operations.md)."""
-    vendor = await dbthreads.run(outages.check_database)
+    reached only makes the broker `degraded` (wake-ups by a database poll, docs/operations.md).
+
+    On a reader thread: a slow listing or a long write never holds the health check back.
+    """
+    vendor = await dbthreads.read(outages.check_database)
     redis = "not used"
     if events.layer_is_redis():
         redis = "ok" if await events.check_layer() else "degraded"
@@ -418,14 +422,36 @@ async def health(request: HttpRequest) -> dict[str, str]:
     return {"status": status, "database": vendor, "redis": redis}
 
 
+async def rendered_on_reader(answer: Callable[[], bytes]) -> HttpResponse:
+    """Run a listing's core call and its rendering on a reader thread, and send the JSON.
+
+    Rendering a large listing takes as long as reading it; on the event loop it would hold up
+    every other request of the process (health included), so it is done on the thread too.
+    """
+    return HttpResponse(await dbthreads.read(answer), content_type="application/json")
+
+
+# Listings answer pages (docs/api.md#pages): limit entries named after `after`.
+ListLimit = Query(None, ge=0, le=INT32_MAX, description="At most this many, 1..1000.")
+ListAfter = Query(None, max_length=200, description="Start after this name (the last one seen).")
+
+
 @api.get("/topics", response=list[schemas.TopicOut], tags=["topics"])
-def list_topics(request: AuthedRequest) -> list[dict[str, Any]]:
-    return [topic_out(t) for t in topics.list_topics(request.auth)]
+async def list_topics(
+    request: AuthedRequest, limit: int | None = ListLimit, after: str | None = ListAfter
+) -> HttpResponse:
+    def answer() -> bytes:
+        found = topics.list_topics(request.auth, limit=limit, after=after)
+        return orjson.dumps([topic_out(t) for t in found])
+
+    return await rendered_on_reader(answer)
 
 
 @api.post("/topics", response={201: schemas.TopicOut}, tags=["topics"])
-def create_topic(request: AuthedRequest, body: schemas.TopicIn) -> Status[dict[str, Any]]:
-    info = audit.audited(
+async def create_topic(request: AuthedRequest, body: schemas.TopicIn) -> Status[dict[str, Any]]:
+    # Async because GET /topics is (Ninja keeps one kind per path); the write is the writer's.
+    info = await dbthreads.run(
+        audit.audited,
         actor_of(request),
         "topic.create",
         body.name,
@@ -466,8 +492,14 @@ def alter_topic(request: AuthedRequest, name: str, body: schemas.TopicPatch) -> 
 
 @api.delete("/topics/{name}", response={204: None}, tags=["topics"])
 def delete_topic(request: AuthedRequest, name: str) -> Status[None]:
+    # Marks it and answers at once; its rows are deleted in the background (docs/api.md).
     audit.audited(
-        actor_of(request), "topic.delete", name, {}, lambda: topics.delete_topic(request.auth, name)
+        actor_of(request),
+        "topic.delete",
+        name,
+        {},
+        lambda: topics.delete_topic(request.auth, name),
+        lambda d: {"messages": d.messages, "deleting": True},
     )
     return Status(204, None)
 
@@ -536,7 +568,7 @@ async def lookup_messages(
     limit: int = Query(50, ge=0, le=INT32_MAX),
 ) -> HttpResponse:
     # Async like produce on this path (Ninja cannot mix sync and async operations on a path).
-    result = await dbthreads.run(
+    result = await dbthreads.read(
         lambda: browse.search_messages(
             request.auth, name, key=key, client_id=id, partition=partition, limit=limit
         )
@@ -926,8 +958,12 @@ def leave_group(request: AuthedRequest, group: str, member_id: str) -> Status[No
 
 
 @api.patch("/groups/{group}", response=schemas.GroupOut, tags=["groups"])
-def configure_group(request: AuthedRequest, group: str, body: schemas.GroupPatch) -> dict[str, Any]:
-    info = audit.audited(
+async def configure_group(
+    request: AuthedRequest, group: str, body: schemas.GroupPatch
+) -> dict[str, Any]:
+    # Async because GET /groups/{group} is (one kind per path): the write is the writer's.
+    info = await dbthreads.run(
+        audit.audited,
         actor_of(request),
         "group.configure",
         group,
@@ -948,8 +984,9 @@ def configure_group(request: AuthedRequest, group: str, body: schemas.GroupPatch
 
 
 @api.delete("/groups/{group}", response={204: None}, tags=["groups"])
-def delete_group(request: AuthedRequest, group: str, force: bool = False) -> Status[None]:
-    audit.audited(
+async def delete_group(request: AuthedRequest, group: str, force: bool = False) -> Status[None]:
+    await dbthreads.run(
+        audit.audited,
         actor_of(request),
         "group.delete",
         group,
@@ -1004,13 +1041,21 @@ def reset(request: AuthedRequest, group: str, body: schemas.ResetIn) -> dict[str
 
 
 @api.get("/groups", response=list[schemas.GroupOut], tags=["groups"])
-def list_groups(request: AuthedRequest) -> list[dict[str, Any]]:
-    return [group_out(g) for g in groups.list_groups(request.auth)]
+async def list_groups(
+    request: AuthedRequest, limit: int | None = ListLimit, after: str | None = ListAfter
+) -> HttpResponse:
+    def answer() -> bytes:
+        found = groups.list_groups(request.auth, limit=limit, after=after)
+        return orjson.dumps([group_out(g) for g in found])
+
+    return await rendered_on_reader(answer)
 
 
 @api.get("/groups/{group}", response=schemas.GroupOut, tags=["groups"])
-def describe_group(request: AuthedRequest, group: str) -> dict[str, Any]:
-    return group_out(groups.describe_group(request.auth, group))
+async def describe_group(request: AuthedRequest, group: str) -> HttpResponse:
+    return await rendered_on_reader(
+        lambda: orjson.dumps(group_out(groups.describe_group(request.auth, group)))
+    )
 
 
 # History answers the last hour unless asked for another window (docs/metrics.md#history).
@@ -1043,12 +1088,26 @@ def group_history(
 
 
 @api.get("/overview", response=schemas.OverviewOut, tags=["overview"])
-def overview(request: AuthedRequest) -> dict[str, Any]:
-    result = groups.overview(request.auth)
-    return {
-        "topics": [topic_out(t) for t in result.topics],
-        "groups": [group_topic_out(g) for g in result.groups],
-    }
+async def overview(
+    request: AuthedRequest,
+    limit: int | None = ListLimit,
+    topics_after: str | None = ListAfter,
+    groups_after: str | None = ListAfter,
+) -> HttpResponse:
+    def answer() -> bytes:
+        result = groups.overview(
+            request.auth, limit=limit, topics_after=topics_after, groups_after=groups_after
+        )
+        return orjson.dumps(
+            {
+                "topics": [topic_out(t) for t in result.topics],
+                "groups": [group_topic_out(g) for g in result.groups],
+                "next_topics_after": result.next_topics_after,
+                "next_groups_after": result.next_groups_after,
+            }
+        )
+
+    return await rendered_on_reader(answer)
 
 
 def api_key_out(info: ApiKeyInfo) -> dict[str, Any]:

@@ -23,6 +23,11 @@ class Topic(models.Model):
     # Record per-delivery trace events (delivered, acked, nacked); retries and dead letters always.
     trace = models.BooleanField(default=False)
     created_at = models.DateTimeField(auto_now_add=True)
+    # Marked for deletion (docs/decisions/0013-readers-beside-the-writer.md): renamed to
+    # "~deleting.<id>", which no client can name, so the name is free at once; its rows go in
+    # chunks (topics.run_topic_deletions). deleted_name keeps the name it had.
+    deleting_since_ms = models.BigIntegerField(null=True, blank=True, db_index=True)
+    deleted_name = models.CharField(max_length=200, default="", blank=True)
 
     def __str__(self) -> str:
         return self.name

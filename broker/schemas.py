@@ -489,6 +489,12 @@ class GroupOut(Schema):
 class OverviewOut(Schema):
     topics: list[TopicOut]
     groups: list[GroupTopicOut]
+    next_topics_after: str | None = Field(
+        None, description="With limit: pass as topics_after for the next page; null: no more."
+    )
+    next_groups_after: str | None = Field(
+        None, description="With limit: pass as groups_after for the next page; null: no more."
+    )
 
 
 # Acknowledged delivery: settle what a member poll handed out, by receipt.

@@ -28,6 +28,8 @@ class Defaults:
     AUTH_CACHE_SECONDS: float = 1.0
     # Threads that run core calls for async edges; -1 picks 1 on SQLite, 4 on PostgreSQL.
     DB_THREADS: int = -1
+    # Threads that run read-only core calls (listings, fetch, health) beside them; -1 picks 4.
+    DB_READ_THREADS: int = -1
     # Membership: members heartbeat this often; the session timeout (per group, 45 s) expires them.
     HEARTBEAT_INTERVAL_MS: int = 3000
     MEMBER_EXPIRY_INTERVAL_SECONDS: float = 1.0
@@ -68,6 +70,9 @@ class Defaults:
     PROCESS_HEARTBEAT: bool = True
     PROCESS_HEARTBEAT_SECONDS: float = 5.0
     PROCESS_PURGE_INTERVAL_SECONDS: float = 3600.0
+    # Topic deletion (core/topics.py run_topic_deletions): rows per transaction, rounds this often.
+    DELETION_CHUNK_ROWS: int = 2000
+    DELETION_INTERVAL_SECONDS: float = 1.0
     # Background redrives (core/redrives.py): a chunk per job this often, and the rate ceiling.
     REDRIVE_INTERVAL_SECONDS: float = 1.0
     MAX_REDRIVE_RATE_PER_SECOND: int = 10_000

@@ -82,9 +82,21 @@ class Admin(transport.Client):
         result: Json = self._rest.request("POST", "/topics", json=body, idempotent=False)
         return result
 
-    def list_topics(self) -> list[Json]:
-        result: list[Json] = self._rest.request("GET", "/topics")
-        return result
+    def list_topics(self, page_size: int = 100) -> list[Json]:
+        """Every topic the key sees, by name, read page_size at a time (docs/api.md#pages)."""
+        return self._pages("/topics", page_size)
+
+    def _pages(self, path: str, page_size: int) -> list[Json]:
+        found: list[Json] = []
+        after = None
+        while True:
+            page: list[Json] = self._rest.request(
+                "GET", path, params={"limit": page_size, "after": after}
+            )
+            found.extend(page)
+            if len(page) < page_size:
+                return found
+            after = page[-1]["name"]
 
     def describe_topic(self, name: str) -> Json:
         result: Json = self._rest.request("GET", f"/topics/{name}")
@@ -121,14 +133,18 @@ class Admin(transport.Client):
         return result
 
     def delete_topic(self, name: str) -> None:
-        """Delete a topic with its messages and every group's offsets on it."""
+        """Delete a topic with its messages and every group's offsets on it.
+
+        Gone at once; the broker deletes its rows in the background, and the name can be used
+        again right away.
+        """
         self._rest.request("DELETE", f"/topics/{name}", idempotent=False)
 
     # Consumer groups.
 
-    def list_groups(self) -> list[Json]:
-        result: list[Json] = self._rest.request("GET", "/groups")
-        return result
+    def list_groups(self, page_size: int = 100) -> list[Json]:
+        """Every group the key sees (as GET /groups), by name, read page_size at a time."""
+        return self._pages("/groups", page_size)
 
     def describe_group(self, group: str) -> Json:
         """Offsets, lag and in-flight counts per topic, members, settings, dead letters."""

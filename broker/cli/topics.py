@@ -155,6 +155,12 @@ def handle_list(command: BaseCommand, options: dict[str, Any]) -> None:
             rows,
         )
     )
+    deletions = topics.list_topic_deletions(keys.CONSOLE)
+    if deletions:
+        # Gone for clients already; their rows go in the background (run_topic_deletions).
+        command.stdout.write(
+            "being deleted: " + ", ".join(f"{d.name} ({d.messages} messages)" for d in deletions)
+        )
 
 
 def handle_describe(command: BaseCommand, options: dict[str, Any]) -> None:

@@ -14,7 +14,7 @@ from django.db.models import Count, F, Sum
 from broker import models
 from broker import settings as ferry_settings
 from broker.core import browse, errors, groups, keys
-from broker.core.records import GroupTopicOffsets, Principal
+from broker.core.records import GroupTopicTotals, Principal
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,7 @@ class GroupSummary:
     """A row of the groups list: offsets per topic, and how many members and dead letters."""
 
     name: str
-    topics: tuple[GroupTopicOffsets, ...]
+    topics: tuple[GroupTopicTotals, ...]
     members: int
     dead_letters: int
 
@@ -64,14 +64,14 @@ class DeadLetterCount:
 def summary(principal: Principal) -> ConsoleSummary:
     """Totals over the whole broker for the overview's cards."""
     keys.require_superuser(principal)
-    partitions = models.Partition.objects.aggregate(
+    partitions = models.Partition.objects.filter(topic__deleting_since_ms__isnull=True).aggregate(
         partitions=Count("id"),
         stored=Sum(F("next_offset") - F("start_offset")),
         ends=Sum("next_offset"),
         size=Sum("bytes_stored"),
     )
     return ConsoleSummary(
-        topics=models.Topic.objects.count(),
+        topics=models.Topic.objects.filter(deleting_since_ms__isnull=True).count(),
         partitions=partitions["partitions"] or 0,
         message_count=partitions["stored"] or 0,
         end_offset_total=partitions["ends"] or 0,
@@ -99,7 +99,7 @@ def dead_letter_counts(principal: Principal) -> list[DeadLetterCount]:
 
 def list_group_summaries(principal: Principal) -> list[GroupSummary]:
     """Every group with offsets or members on a visible topic, by name, in a few queries."""
-    by_group = groups.list_group_offsets(principal)
+    by_group = groups.list_group_totals(principal)
     members: dict[str, int] = {}
     for name, topic, count in (
         models.GroupMember.objects.values("group__name", "topic__name")

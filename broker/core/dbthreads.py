@@ -3,6 +3,12 @@
 See docs/decisions/0007-database-threads.md. Django's ASGI handler runs each request's sync
 code on a new thread, so every request would open (and leak) a database connection. The async
 edges (REST hot paths, long polls, WebSocket consumers) call the core through run() instead.
+
+Read-only calls (listings, fetch, health, console reads) go through read() to a pool of reader
+threads of their own (docs/decisions/0013-readers-beside-the-writer.md): on SQLite the one
+writer thread is never queued behind a slow read, and WAL lets the readers run beside it. A
+reader's connection refuses every write (PRAGMA query_only on SQLite, a read-only session on
+PostgreSQL), so a write sent to the wrong pool fails loudly instead of racing the writer.
 """
 
 import asyncio
@@ -23,7 +29,14 @@ T = TypeVar("T")
 
 _local = threading.local()
 _pool: ThreadPoolExecutor | None = None
+_read_pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
+
+# Makes the connection of the thread it runs on refuse writes, per database vendor.
+READ_ONLY_SQL = {
+    "sqlite": "PRAGMA query_only = 1",
+    "postgresql": "SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY",
+}
 
 
 def thread_count() -> int:
@@ -32,6 +45,37 @@ def thread_count() -> int:
     if configured >= 0:
         return int(configured)
     return 1 if connection.vendor == "sqlite" else 4
+
+
+def read_thread_count() -> int:
+    """FERRY_DB_READ_THREADS, or by default four; 0 sends reads where run() sends its calls."""
+    configured = ferry_settings.get("DB_READ_THREADS")
+    if configured >= 0:
+        return int(configured)
+    return 4
+
+
+def _get_read_pool() -> ThreadPoolExecutor | None:
+    global _read_pool
+    if _read_pool is None:
+        count = read_thread_count() if thread_count() else 0
+        if count == 0:
+            return None
+        with _pool_lock:
+            if _read_pool is None:
+                _read_pool = ThreadPoolExecutor(max_workers=count, thread_name_prefix="ferry-read")
+    return _read_pool
+
+
+def make_read_only() -> None:
+    """Make this thread's connection refuse writes, once per connection (it may reconnect)."""
+    connection.ensure_connection()
+    raw = connection.connection
+    if getattr(_local, "read_only_connection", None) is raw:
+        return
+    with connection.cursor() as cursor:
+        cursor.execute(READ_ONLY_SQL[connection.vendor])
+    _local.read_only_connection = raw
 
 
 def _get_pool() -> ThreadPoolExecutor | None:
@@ -76,3 +120,31 @@ async def run(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         return await sync_to_async(outages.call_with_reconnect)(fn, *args, **kwargs)
     loop = asyncio.get_running_loop()
     return await loop.run_in_executor(pool, functools.partial(_call, loop, fn, *args, **kwargs))
+
+
+def _read_call(
+    loop: asyncio.AbstractEventLoop, fn: Callable[..., T], *args: Any, **kwargs: Any
+) -> T:
+    def read_only() -> T:
+        # Inside the call: a connection replaced by call_with_reconnect is made read-only too.
+        make_read_only()
+        return fn(*args, **kwargs)
+
+    return _call(loop, read_only)
+
+
+async def read(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """Run a read-only core function on a reader thread and await its result.
+
+    The reader's connection refuses writes: a function that writes fails with a database error
+    (tests/core/test_dbthreads.py). It must not open a transaction either: on SQLite every
+    transaction begins IMMEDIATE and would take the write lock. With FERRY_DB_THREADS=0 or
+    FERRY_DB_READ_THREADS=0 it runs where run() would.
+    """
+    pool = _get_read_pool()
+    if pool is None:
+        return await run(fn, *args, **kwargs)
+    loop = asyncio.get_running_loop()
+    return await loop.run_in_executor(
+        pool, functools.partial(_read_call, loop, fn, *args, **kwargs)
+    )

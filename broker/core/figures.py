@@ -34,9 +34,11 @@ def read_figures(principal: Principal) -> BrokerFigures:
     }
     partitions = {
         pid: (topic, number, start, end, size)
-        for pid, topic, number, start, end, size in models.Partition.objects.order_by(
-            "topic__name", "number"
-        ).values_list("id", "topic__name", "number", "start_offset", "next_offset", "bytes_stored")
+        for pid, topic, number, start, end, size in models.Partition.objects.filter(
+            topic__deleting_since_ms__isnull=True
+        )
+        .order_by("topic__name", "number")
+        .values_list("id", "topic__name", "number", "start_offset", "next_offset", "bytes_stored")
         if keys.allows(principal, topic, "consume")
     }
     positions: dict[tuple[str, int], list[int]] = defaultdict(lambda: [0, 0])

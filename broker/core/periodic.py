@@ -52,6 +52,11 @@ JOBS: tuple[Job, ...] = (
         "broker.core.processes.purge_processes",
         "PROCESS_PURGE_INTERVAL_SECONDS",
     ),
+    Job(
+        "run_topic_deletions",
+        "broker.core.topics.run_topic_deletions",
+        "DELETION_INTERVAL_SECONDS",
+    ),
     Job("run_redrive_jobs", "broker.core.redrives.run_redrive_jobs", "REDRIVE_INTERVAL_SECONDS"),
 )
 

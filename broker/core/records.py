@@ -289,6 +289,20 @@ class GroupSettings:
 
 
 @dataclass(frozen=True)
+class GroupTopicTotals:
+    """A group's totals over a topic's partitions, summed in SQL (the console's lists)."""
+
+    group: str
+    topic: str
+    subscriber: str
+    committed_total: int
+    end_total: int
+    lag: int
+    in_flight: int
+    retry_waiting: int
+
+
+@dataclass(frozen=True)
 class GroupInfo:
     name: str
     created_at_ms: int
@@ -314,9 +328,21 @@ class PollResult:
 
 
 @dataclass(frozen=True)
+class TopicDeletion:
+    """A topic marked for deletion: its name, since when, and its messages (still) stored."""
+
+    name: str
+    since_ms: int
+    messages: int
+
+
+@dataclass(frozen=True)
 class Overview:
     topics: tuple[TopicInfo, ...]
     groups: tuple[GroupTopicOffsets, ...]
+    # Where the next pages start (topics_after, groups_after); None: this was the last page.
+    next_topics_after: str | None = None
+    next_groups_after: str | None = None
 
 
 class Delivery(NamedTuple):

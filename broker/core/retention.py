@@ -15,9 +15,10 @@ def apply_retention(batch_size: int = 10_000) -> int:
     """Delete messages past their topic's retention time or size; returns how many went."""
     removed = 0
     cutoff_now = log.now_ms()
+    # Not topics marked for deletion: run_topic_deletions owns their rows.
     topics_with_retention = models.Topic.objects.exclude(
         retention_ms__isnull=True, retention_bytes__isnull=True
-    )
+    ).filter(deleting_since_ms__isnull=True)
     for topic in topics_with_retention:
         for partition_id in topic.partitions.values_list("id", flat=True):
             # Bounded batches keep each lock short; a long backlog takes several rounds.

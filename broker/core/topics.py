@@ -7,19 +7,23 @@ to the groups on the topic in the same transaction), over check_alter and alter_
 
 import logging
 import re
+import time
 from typing import NamedTuple
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
+from django.db.models import F, QuerySet, Sum
 
 from broker import models
 from broker import settings as ferry_settings
 from broker.core import errors, keys
-from broker.core.records import PartitionInfo, Principal, TopicInfo
+from broker.core.records import PartitionInfo, Principal, TopicDeletion, TopicInfo
 
 logger = logging.getLogger(__name__)
 # Not dots alone: ".", ".." and "..." are path segments that URL clients rewrite (RFC 3986).
 NAME_RE = re.compile(r"(?!\.+$)[A-Za-z0-9._-]{1,200}")
 OVERFLOW_POLICIES = tuple(models.Topic.Overflow.values)
+# The largest page a listing (topics, groups, the overview) answers.
+MAX_LIST_LIMIT = 1000
 _UNSET = object()
 
 
@@ -198,17 +202,46 @@ def describe_topic(principal: Principal, name: str) -> TopicInfo:
     return _topic_with_partitions(name)
 
 
-def list_topics(principal: Principal) -> list[TopicInfo]:
-    """Every topic the principal may produce to, consume from or administer, by name."""
-    topics = [
-        t
-        for t in models.Topic.objects.order_by("name")
-        if any(keys.allows(principal, t.name, action) for action in keys.ACTIONS)
-    ]
-    by_topic: dict[int, list[models.Partition]] = {t.id: [] for t in topics}
+def visible_topics(
+    principal: Principal, actions: tuple[str, ...] = keys.ACTIONS
+) -> QuerySet[models.Topic]:
+    """The live topics (not being deleted) principal may do one of actions on, filtered in SQL.
+
+    May hold a few more than keys.allows() admits (see keys.topic_filter); check each row.
+    """
+    return models.Topic.objects.filter(
+        keys.topic_filter(principal, actions), deleting_since_ms__isnull=True
+    )
+
+
+def list_topics(
+    principal: Principal, *, limit: int | None = None, after: str | None = None
+) -> list[TopicInfo]:
+    """The topics the principal may produce to, consume from or administer, by name.
+
+    A page of at most limit topics named after `after` (all of them when limit is None),
+    filtered by permission in the query, so a key that sees few topics reads few rows.
+    """
+    if limit is not None and not 1 <= limit <= MAX_LIST_LIMIT:
+        raise errors.InvalidRequest(f"limit must be between 1 and {MAX_LIST_LIMIT}.", limit=limit)
+    query = visible_topics(principal).order_by("name")
+    if after is not None:
+        query = query.filter(name__gt=after)
+    found: list[models.Topic] = []
+    # Rows the SQL filter let through but allows() refuses are skipped; read on to fill the page.
+    while True:
+        want = None if limit is None else limit - len(found)
+        chunk = list(query if want is None else query[:want])
+        found.extend(
+            t for t in chunk if any(keys.allows(principal, t.name, a) for a in keys.ACTIONS)
+        )
+        if want is None or len(chunk) < want or limit is None or len(found) >= limit:
+            break
+        query = query.filter(name__gt=chunk[-1].name)
+    by_topic: dict[int, list[models.Partition]] = {t.id: [] for t in found}
     for p in models.Partition.objects.filter(topic_id__in=by_topic).order_by("number"):
         by_topic[p.topic_id].append(p)
-    return [to_info(t, by_topic[t.id]) for t in topics]
+    return [to_info(t, by_topic[t.id]) for t in found]
 
 
 class TopicChange(NamedTuple):
@@ -300,11 +333,129 @@ def alter_in_transaction(change: TopicChange) -> tuple[models.Topic, bool]:
     return topic, grown
 
 
-def delete_topic(principal: Principal, name: str) -> None:
-    """Delete a topic with its messages and every group's offsets on it."""
+# A topic marked for deletion is renamed so: "~" is never in a topic name, so no client can
+# reach it and its old name is free for a new topic at once.
+DELETING_PREFIX = "~deleting."
+
+
+def delete_topic(principal: Principal, name: str) -> TopicDeletion:
+    """Mark a topic for deletion: gone for every client at once, its rows deleted in the background.
+
+    One short transaction renames it (DELETING_PREFIX) and removes its members; a topic of the
+    same name can be created right after and sees none of the old one's messages or offsets.
+    run_topic_deletions (a periodic job) deletes the rows in chunks of short transactions.
+    """
     validate_name(name)
     keys.require(principal, name, "admin")
+    now = int(time.time() * 1000)
     with transaction.atomic(durable=True):
-        deleted, _ = models.Topic.objects.filter(name=name).delete()
-    if not deleted:
-        raise errors.TopicNotFound(name=name)
+        # Topic lock: serializes the rename with alters (partition growth) of the same topic.
+        topic = models.Topic.objects.select_for_update().filter(name=name).first()
+        if topic is None:
+            raise errors.TopicNotFound(name=name)
+        topic.deleted_name = name
+        topic.name = f"{DELETING_PREFIX}{topic.id}"
+        topic.deleting_since_ms = now
+        topic.save(update_fields=["name", "deleted_name", "deleting_since_ms"])
+        # Nobody consumes a topic that is gone: its members go now (their leases with the rows).
+        models.GroupMember.objects.filter(topic=topic).delete()
+        stored = models.Partition.objects.filter(topic=topic).aggregate(
+            n=Sum(F("next_offset") - F("start_offset"))
+        )["n"]
+    return TopicDeletion(name=name, since_ms=now, messages=int(stored or 0))
+
+
+def list_topic_deletions(principal: Principal) -> list[TopicDeletion]:
+    """Topics principal administers that are marked for deletion and not gone yet, oldest first."""
+    rows = (
+        models.Topic.objects.filter(deleting_since_ms__isnull=False)
+        # The count it had when marked (cheap): counting what is left would scan the rows.
+        .annotate(n=Sum(F("partitions__next_offset") - F("partitions__start_offset")))
+        .order_by("deleting_since_ms")
+        .values_list("deleted_name", "deleting_since_ms", "n")
+    )
+    return [
+        TopicDeletion(name=n, since_ms=since or 0, messages=int(c or 0))
+        for n, since, c in rows
+        if keys.allows(principal, n, "admin")
+    ]
+
+
+def run_topic_deletions() -> int:
+    """Delete the rows of topics marked for deletion, in chunks; returns how many rows went.
+
+    Each chunk is its own short transaction of at most FERRY_DELETION_CHUNK_ROWS rows, and on
+    SQLite the job rests as long as a chunk took before the next, so appends and commits (one
+    writer at a time) wait for one chunk at most, never for the whole topic. Idempotent: a job
+    stopped halfway goes on where it was in its next round.
+    """
+    removed = 0
+    for topic_id in (
+        models.Topic.objects.filter(deleting_since_ms__isnull=False)
+        .order_by("id")
+        .values_list("id", flat=True)
+    ):
+        removed += _delete_topic_rows(topic_id)
+    return removed
+
+
+def _rest_after(started: float) -> None:
+    # SQLite has one write lock: resting as long as the chunk took lets waiting writers in.
+    # PostgreSQL's writers to other rows never wait for a chunk, so it goes straight on.
+    if connection.vendor == "sqlite":
+        time.sleep(min(0.5, time.monotonic() - started))
+
+
+def _delete_topic_rows(topic_id: int) -> int:
+    chunk = int(ferry_settings.get("DELETION_CHUNK_ROWS"))
+    removed = 0
+    by_topic = {"topic_id": topic_id}
+    by_partition = {"partition__topic_id": topic_id}
+    # Small tables first (what listings and jobs read across topics), the messages last.
+    for model, where in (
+        (models.GroupOffset, by_partition),
+        (models.InFlight, by_partition),
+        (models.PartitionLease, by_partition),
+        (models.DeadLetter, by_topic),
+        (models.ScheduledMessage, by_topic),
+        (models.ProducedId, by_topic),
+        (models.TraceEvent, by_topic),
+        (models.TopicSample, by_topic),
+        (models.GroupSample, by_topic),
+    ):
+        while True:
+            started = time.monotonic()
+            with transaction.atomic(durable=True):
+                ids = list(
+                    model.objects.filter(**where)
+                    .order_by("id")
+                    .values_list("id", flat=True)[:chunk]
+                )
+                model.objects.filter(id__in=ids).delete()
+            removed += len(ids)
+            if len(ids) < chunk:
+                break
+            _rest_after(started)
+    for partition_id in models.Partition.objects.filter(**by_topic).values_list("id", flat=True):
+        while True:
+            started = time.monotonic()
+            with transaction.atomic(durable=True):
+                lowest = (
+                    models.Message.objects.filter(partition_id=partition_id)
+                    .order_by("offset")
+                    .values_list("offset", flat=True)
+                    .first()
+                )
+                if lowest is None:
+                    break
+                # Offsets are contiguous: the range bounds the chunk to `chunk` rows.
+                count, _ = models.Message.objects.filter(
+                    partition_id=partition_id, offset__lt=lowest + chunk
+                ).delete()
+            removed += count
+            _rest_after(started)
+    with transaction.atomic(durable=True):
+        # What is left is small (partitions, and rows an append or a release racing the mark
+        # added): the cascade takes it with the topic.
+        count, _ = models.Topic.objects.filter(id=topic_id).delete()
+    return removed + count

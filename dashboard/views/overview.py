@@ -4,7 +4,7 @@ from typing import Any
 
 from django.http import HttpRequest, HttpResponse
 
-from broker.core import console, groups, history, processes
+from broker.core import console, groups, history, processes, topics
 from dashboard import access, pages
 
 OVERVIEW_ROWS = 15
@@ -12,11 +12,14 @@ OVERVIEW_ROWS = 15
 
 def _context(request: HttpRequest) -> dict[str, Any]:
     principal = access.principal(request)
-    overview = groups.overview(principal)
     rates = history.rates(principal)
-    # The busiest topics and the groups furthest behind; the lists pages hold the rest.
-    busiest = sorted(overview.topics, key=lambda t: (-t.message_count, t.name))
-    behind = sorted(overview.groups, key=lambda g: (-g.lag, g.group, g.topic))
+    # The busiest topics and the groups furthest behind; the lists pages hold the rest. Group
+    # figures are totals summed in SQL (list_group_totals), not every partition's row.
+    busiest = sorted(topics.list_topics(principal), key=lambda t: (-t.message_count, t.name))
+    behind = sorted(
+        (t for rows in groups.list_group_totals(principal).values() for t in rows),
+        key=lambda g: (-g.lag, g.group, g.topic),
+    )
     return {
         "summary": console.summary(principal),
         "topics": [

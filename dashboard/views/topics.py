@@ -43,7 +43,7 @@ def topic_list(request: HttpRequest) -> HttpResponse:
     page = pages.paginate(request, rows)
     # Which groups read each topic and how far behind they are (AKHQ shows this; Kafka UI not).
     readers: dict[str, list[tuple[str, int]]] = {}
-    for group, offsets in sorted(groups.list_group_offsets(principal).items()):
+    for group, offsets in sorted(groups.list_group_totals(principal).items()):
         for t in offsets:
             readers.setdefault(t.topic, []).append((group, t.lag))
     return pages.render(
@@ -59,6 +59,7 @@ def topic_list(request: HttpRequest) -> HttpResponse:
             # A column heading sorts by it; a second click reverses.
             "sort_next": {c: f"-{c}" if sort == c else c for c in SORTS},
             "overflow_policies": topics.OVERFLOW_POLICIES,
+            "deletions": topics.list_topic_deletions(principal),
         },
     )
 

@@ -314,3 +314,42 @@ def test_get_group__dead_letters_only_of_visible_topics(api_client, client_facto
     assert api_client.get("/api/v1/groups/G").json()["dead_letters"] == 2
     assert client_factory("consume:seen").get("/api/v1/groups/G").json()["dead_letters"] == 1
     assert client_factory("produce:*").get("/api/v1/groups/G").json()["dead_letters"] == 0
+
+
+def test_list_groups__pages_and_permissions(api_client, client_factory, topic_factory, error_of):
+    topic_factory("orders")
+    topic_factory("billing")
+    for name in ("g1", "g2", "g3"):
+        commit(api_client, name, "orders", {0: 0})
+    commit(api_client, "g4", "billing", {0: 0})
+
+    first = api_client.get("/api/v1/groups", {"limit": 2})
+    rest = api_client.get("/api/v1/groups", {"limit": 2, "after": "g2"})
+
+    assert [g["name"] for g in first.json()] == ["g1", "g2"]
+    assert [g["name"] for g in rest.json()] == ["g3", "g4"]
+    assert [g["name"] for g in api_client.get("/api/v1/groups").json()] == [
+        "g1",
+        "g2",
+        "g3",
+        "g4",
+    ]
+    billing_reader = client_factory("consume:billing")
+    assert [g["name"] for g in billing_reader.get("/api/v1/groups").json()] == ["g4"]
+    assert client_factory("produce:*").get("/api/v1/groups").json() == []
+    assert error_of(api_client.get("/api/v1/groups", {"limit": 1001})) == (400, "invalid_request")
+
+
+def test_overview__pages(api_client, orders):
+    for name in ("g1", "g2"):
+        commit(api_client, name, orders, {0: 1})
+
+    first = api_client.get("/api/v1/overview", {"limit": 1}).json()
+    second = api_client.get("/api/v1/overview", {"limit": 1, "groups_after": "g1"}).json()
+
+    assert [g["group"] for g in first["groups"]] == ["g1"]
+    assert (first["next_topics_after"], first["next_groups_after"]) == ("orders", "g1")
+    assert [g["group"] for g in second["groups"]] == ["g2"]
+    assert second["next_groups_after"] == "g2"
+    whole = api_client.get("/api/v1/overview").json()
+    assert (whole["next_topics_after"], whole["next_groups_after"]) == (None, None)

@@ -63,3 +63,36 @@ async def test_parsing_budget__over_it_is_503_busy_with_retry_after():
     alone = Recorder()
     await budgeted(request(5000), None, alone)
     assert alone.status == 200
+
+
+class Cyclic:
+    """A big body held in a reference cycle, as a request's objects are."""
+
+    def __init__(self, size: int) -> None:
+        self.body = bytes(size)
+        self.me = self
+
+
+async def test_parsing_budget__big_request_garbage_collected_at_once():
+    import gc
+    import weakref
+
+    left: list[weakref.ref] = []
+
+    async def app(scope, receive, send):
+        left.append(weakref.ref(Cyclic(1024)))
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    budgeted = middleware.parsing_budget(app)
+    gc.disable()
+    try:
+        await budgeted(request(middleware.COLLECT_AFTER_BYTES - 1), None, Recorder())
+        # A small request leaves its cycles to the collector's own schedule...
+        assert left[0]() is not None
+        await budgeted(request(middleware.COLLECT_AFTER_BYTES), None, Recorder())
+        # ...a big one's are collected as soon as it is answered.
+        assert left[0]() is None
+        assert left[1]() is None
+    finally:
+        gc.enable()

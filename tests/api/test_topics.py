@@ -4,6 +4,9 @@ import pytest
 from django.db import connection
 from django.test import Client
 
+from broker import models
+from broker.core import topics
+
 JSON = "application/json"
 
 # api.create_topic and api.delete_topic return (status, body) tuples, which django-ninja 1.7
@@ -35,6 +38,37 @@ def test_list_topics__by_name(api_client, topic_factory):
         {"partition": 1, "start_offset": 0, "end_offset": 0, "message_count": 0, "bytes_stored": 0},
     ]
     assert (response.json()[1]["message_count"], response.json()[1]["bytes_stored"]) == (0, 0)
+
+
+def test_list_topics__pages_and_permissions(api_client, client_factory, topic_factory, error_of):
+    for name in ("a", "b", "c", "orders.eu"):
+        topic_factory(name)
+
+    first = api_client.get("/api/v1/topics", {"limit": 2})
+    rest = api_client.get("/api/v1/topics", {"limit": 2, "after": "b"})
+
+    assert names(first) == ["a", "b"]
+    assert names(rest) == ["c", "orders.eu"]
+    assert names(client_factory("produce:orders.*").get("/api/v1/topics")) == ["orders.eu"]
+    assert error_of(api_client.get("/api/v1/topics", {"limit": 0})) == (400, "invalid_request")
+
+
+def test_delete_topic__gone_at_once_rows_deleted_by_the_job(api_client, topic_factory):
+    topic_factory("orders")
+    api_client.post(
+        "/api/v1/topics/orders/messages", {"messages": [{"value": 1}]}, content_type=JSON
+    )
+
+    assert api_client.delete("/api/v1/topics/orders").status_code == 204
+    assert api_client.get("/api/v1/topics/orders").status_code == 404
+    assert names(api_client.get("/api/v1/topics")) == []
+    assert (
+        api_client.post("/api/v1/topics", {"name": "orders"}, content_type=JSON).status_code == 201
+    )
+    fetched = api_client.get("/api/v1/topics/orders/partitions/0/messages").json()
+    assert fetched["messages"] == []
+    topics.run_topic_deletions()
+    assert models.Message.objects.count() == 0
 
 
 def test_create_topic__created(api_client):

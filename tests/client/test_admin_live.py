@@ -26,6 +26,15 @@ def test_admin__topic_lifecycle(admin):
     assert gone.value.code == "topic_not_found"
 
 
+def test_admin__lists_read_every_page(admin):
+    for name in ("a", "b", "c", "d", "e"):
+        admin.create_topic(name)
+    for name in ("g1", "g2", "g3"):
+        admin.reset_offsets(name, "a", "earliest")
+    assert [t["name"] for t in admin.list_topics(page_size=2)] == ["a", "b", "c", "d", "e"]
+    assert [g["name"] for g in admin.list_groups(page_size=1)] == ["g1", "g2", "g3"]
+
+
 def test_admin__groups_configure_describe_reset(broker_url, secret, admin, topic_factory):
     topic = topic_factory(partitions=2).name
     with Producer(broker_url, secret) as producer:

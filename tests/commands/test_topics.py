@@ -194,3 +194,16 @@ def test_handle_trace__unknown_partition(ferry, topic_factory):
 def test_handle_trace__unknown_topic(ferry):
     with pytest.raises(CommandError, match=r"^topic_not_found: "):
         ferry("topics", "trace", "missing", "0", "0")
+
+
+def test_handle_list__shows_topics_being_deleted(ferry):
+    ferry("topics", "create", "orders")
+    ferry("topics", "create", "scratch")
+    ferry("topics", "delete", "scratch")
+
+    listed = ferry("topics", "list")
+
+    assert "scratch" not in listed.splitlines()[1]
+    assert listed.splitlines()[-1] == "being deleted: scratch (0 messages)"
+    topics.run_topic_deletions()
+    assert "being deleted" not in ferry("topics", "list")

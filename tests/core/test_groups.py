@@ -352,3 +352,105 @@ def test_poll_messages__ttl_only_expired_moves_past(topic_factory, console):
     assert (first.messages, first.expired, first.next_offsets) == ((), 2, {0: 2})
     produce(console, topic, 1)
     assert offsets_of(groups.poll_messages(console, "g", topic, 10, auto_commit=False)) == [(0, 2)]
+
+
+def _commit_everywhere(console, topic_names, group_names):
+    for topic_name in topic_names:
+        for group_name in group_names:
+            groups.commit_offsets(console, group_name, topic_name, {0: 0})
+
+
+def test_list_groups__filtered_by_permission_in_the_query(
+    topic_factory, key_factory, console, django_assert_max_num_queries
+):
+    for name in ("orders.eu", "orders.us", "billing", "zilling"):
+        topic_factory(name)
+    _commit_everywhere(console, ["orders.eu", "billing"], ["g1", "g2"])
+    _commit_everywhere(console, ["orders.us"], ["g3"])
+    _commit_everywhere(console, ["zilling"], ["g4"])
+    producer, _ = key_factory("produce:*")
+    # A key that sees no group reads no offsets: the permission filter is in the query.
+    with django_assert_max_num_queries(0):
+        assert groups.list_groups(producer) == []
+    reader, _ = key_factory("consume:orders.??")
+    assert [g.name for g in groups.list_groups(reader)] == ["g1", "g2", "g3"]
+    assert {t.topic for g in groups.list_groups(reader) for t in g.topics} == {
+        "orders.eu",
+        "orders.us",
+    }
+    # A character class matches exactly, in Python, after a wider SQL filter.
+    classy, _ = key_factory("consume:[bz]illing")
+    assert [g.name for g in groups.list_groups(classy)] == ["g1", "g2", "g4"]
+    assert [g.name for g in groups.list_groups(classy, limit=2, after="g1")] == ["g2", "g4"]
+
+
+def test_list_groups__pages_by_name(topic_factory, console, django_assert_max_num_queries):
+    topic_factory("orders", partitions=4)
+    names = [f"g{n:02}" for n in range(12)]
+    _commit_everywhere(console, ["orders"], names)
+    seen, after = [], None
+    while True:
+        # A page's figures are read in a fixed number of queries, whatever the page size.
+        with django_assert_max_num_queries(8):
+            page = groups.list_groups(console, limit=5, after=after)
+        seen += [g.name for g in page]
+        if len(page) < 5:
+            break
+        after = page[-1].name
+    assert seen == names
+    assert [len(g.topics[0].partitions) for g in groups.list_groups(console, limit=2)] == [4, 4]
+    with pytest.raises(errors.InvalidRequest):
+        groups.list_groups(console, limit=0)
+
+
+def test_overview__pages(topic_factory, console):
+    for name in ("a", "b", "c"):
+        topic_factory(name)
+    _commit_everywhere(console, ["a", "b"], ["g1", "g2", "g3"])
+    first = groups.overview(console, limit=2)
+    assert [t.name for t in first.topics] == ["a", "b"]
+    assert [(g.group, g.topic) for g in first.groups] == [
+        ("g1", "a"),
+        ("g1", "b"),
+        ("g2", "a"),
+        ("g2", "b"),
+    ]
+    assert (first.next_topics_after, first.next_groups_after) == ("b", "g2")
+    second = groups.overview(console, limit=2, topics_after="b", groups_after="g2")
+    assert [t.name for t in second.topics] == ["c"]
+    assert [g.group for g in second.groups] == ["g3", "g3"]
+    assert (second.next_topics_after, second.next_groups_after) == (None, None)
+
+
+def test_list_group_totals__the_sums_of_list_group_offsets(topic_factory, console, key_factory):
+    topic_factory("orders", partitions=3)
+    topic_factory("hidden")
+    produce(console, "orders", 9)
+    groups.commit_offsets(console, "g", "orders", {0: 1, 1: 2})
+    groups.commit_offsets(console, "h", "orders", {2: 3})
+    groups.commit_offsets(console, "g", "hidden", {0: 0})
+    membership.join_group(console, "w", "orders", member_id="m1")
+    delivered = delivery.deliver_messages(console, "w", "orders", "m1", max_messages=2)
+    assert len(delivered.deliveries) == 2
+    # Broadcast: each member has offsets of its own, one row of totals each.
+    groups.configure_group(console, "b", mode="broadcast")
+    for member in ("b1", "b2"):
+        membership.join_group(console, "b", "orders", member_id=member)
+    delivery.deliver_messages(console, "b", "orders", "b1", max_messages=3)
+    # The start offset past the committed one counts as the position (retention moved it).
+    log.purge_topic(console, "orders", {0: 2})
+    reader, _ = key_factory("consume:orders")
+    detailed = groups.list_group_offsets(reader)
+    totals = groups.list_group_totals(reader)
+    assert sorted(totals) == sorted(detailed) == ["b", "g", "h", "w"]
+    assert [t.subscriber for t in totals["b"]] == ["b1", "b2"]
+    for name, offsets in detailed.items():
+        assert [
+            (t.topic, t.subscriber, t.committed_total, t.end_total, t.lag, t.in_flight)
+            for t in totals[name]
+        ] == [
+            (t.topic, t.subscriber, t.committed_total, t.end_total, t.lag, t.in_flight)
+            for t in offsets
+        ]
+        assert [t.retry_waiting for t in totals[name]] == [t.retry_waiting for t in offsets]
+    assert sum(t.in_flight for t in totals["w"]) == 2

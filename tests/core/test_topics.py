@@ -1,4 +1,6 @@
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from broker import models
 from broker.core import errors, groups, keys, log, membership, topics
@@ -85,11 +87,63 @@ def test_alter_topic__limits_and_clear(topic_factory, console):
 def test_delete_topic__removes_everything(topic_factory, console):
     topic = topic_factory()
     topics.delete_topic(console, topic.name)
-    assert not models.Partition.objects.exists()
     with pytest.raises(errors.TopicNotFound):
         topics.delete_topic(console, topic.name)
     with pytest.raises(errors.TopicNotFound):
         topics.get_topic(console, topic.name)
+    topics.run_topic_deletions()
+    assert not models.Partition.objects.exists()
+    assert not models.Topic.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_delete_topic__gone_at_once_rows_in_chunks_and_recreate(settings, console):
+    settings.FERRY_DELETION_CHUNK_ROWS = 7
+    topics.create_topic(console, "big", 3)
+    for partition in range(3):
+        _produce("big", 20, partition)
+    positions = groups.poll_messages(console, "g", "big", max_messages=60, auto_commit=True)
+    assert len(positions.messages) == 60
+    deletion = topics.delete_topic(console, "big")
+    assert (deletion.name, deletion.messages) == ("big", 60)
+    # Gone for every client at once, rows still there until the job runs.
+    with pytest.raises(errors.TopicNotFound):
+        topics.get_topic(console, "big")
+    assert [t.name for t in topics.list_topics(console)] == []
+    assert groups.list_groups(console) == []
+    assert models.Message.objects.count() == 60
+    assert [d.name for d in topics.list_topic_deletions(console)] == ["big"]
+    # The same name again, at once: an empty topic with none of the old messages or offsets.
+    topics.create_topic(console, "big", 1)
+    _produce("big", 2, 0)
+    fetched = log.read_messages(console, "big", 0, None, 100)
+    assert [m.offset for m in fetched.messages] == [0, 1]
+    removed = topics.run_topic_deletions()
+    assert removed >= 60 + 3
+    assert models.Message.objects.count() == 2
+    assert list(models.Topic.objects.values_list("name", flat=True)) == ["big"]
+    assert topics.list_topic_deletions(console) == []
+    assert topics.run_topic_deletions() == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_run_topic_deletions__each_chunk_its_own_transaction(settings, console):
+    settings.FERRY_DELETION_CHUNK_ROWS = 10
+    topics.create_topic(console, "big", 1)
+    _produce("big", 35, 0)
+    topics.delete_topic(console, "big")
+    with CaptureQueriesContext(connection) as queries:
+        topics.run_topic_deletions()
+    statements = [q["sql"] for q in queries.captured_queries]
+    chunks = [
+        sql
+        for sql in statements
+        if sql.startswith('DELETE FROM "broker_message"') and '"offset" <' in sql
+    ]
+    # 35 messages in chunks of 10: four DELETEs, each in a durable transaction of its own.
+    assert len(chunks) == 4
+    assert not models.Message.objects.exists()
+    assert not models.Topic.objects.exists()
 
 
 def test_list_topics__filtered_by_permission(topic_factory, key_factory, console):

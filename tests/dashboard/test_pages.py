@@ -180,3 +180,17 @@ def test_topic_page__explains_the_stats_job_when_there_are_no_figures(admin_clie
     response = admin_client.get("/topics/orders/")
     assert response.context["stats"] == ()
     assert b"pipeline stats --topic orders" in response.content
+
+
+def test_topics__deletion_in_progress_shown(admin_client, topic_factory, console):
+    from broker.core import topics
+
+    topic_factory("scratch")
+    topics.delete_topic(console, "scratch")
+
+    page = admin_client.get("/topics/")
+
+    assert b'data-testid="topic-deletions"' in page.content
+    assert b"<strong>scratch</strong>" in page.content
+    topics.run_topic_deletions()
+    assert b"topic-deletions" not in admin_client.get("/topics/").content

@@ -20,6 +20,7 @@ from broker.core.groups.configure import (
 from broker.core.groups.info import (
     describe_group,
     list_group_offsets,
+    list_group_totals,
     list_groups,
     overview,
     settings_of,
@@ -45,6 +46,7 @@ __all__ = [
     "describe_group",
     "ensure_offsets",
     "list_group_offsets",
+    "list_group_totals",
     "list_groups",
     "overview",
     "poll_messages",

@@ -2,7 +2,8 @@
 
 import itertools
 
-from django.db.models import Count, F, Sum
+from django.db.models import Count, F, Q, Sum, Value
+from django.db.models.functions import Greatest
 
 from broker import models
 from broker.core import errors, keys, membership, topics
@@ -10,6 +11,8 @@ from broker.core.records import (
     GroupInfo,
     GroupSettings,
     GroupTopicOffsets,
+    GroupTopicTotals,
+    MemberSummary,
     Overview,
     PartitionLag,
     Principal,
@@ -64,24 +67,107 @@ def _in_flight_counts(group_filter: dict[str, object]) -> dict[tuple[int, int, s
 def _offsets_by_group(
     principal: Principal, group_filter: dict[str, object]
 ) -> dict[str, list[GroupTopicOffsets]]:
+    """Offsets of the groups matching group_filter, on the topics principal may consume.
+
+    The permission filter is in the query (topics.visible_topics), so only visible rows are read.
+    """
+    visible = {"partition__topic__in": topics.visible_topics(principal, ("consume",))}
+    # Tuples, not model instances: a listing may read 100,000 rows (docs/benchmarks.md).
     rows = (
-        models.GroupOffset.objects.filter(**group_filter)
-        .select_related("group", "partition__topic")
+        models.GroupOffset.objects.filter(**group_filter, **visible)
         .order_by("group__name", "partition__topic__name", "subscriber", "partition__number")
+        .values_list(
+            "group__name",
+            "group_id",
+            "partition__topic__name",
+            "partition__topic__capacity",
+            "subscriber",
+            "partition_id",
+            "partition__number",
+            "partition__start_offset",
+            "partition__next_offset",
+            "committed_offset",
+            "filtered_count",
+        )
     )
-    in_flight = _in_flight_counts(group_filter)
+    in_flight = _in_flight_counts({**group_filter, **visible})
+    delivered, waiting = models.InFlight.State.DELIVERED, models.InFlight.State.RETRY_WAIT
     by_group: dict[str, list[GroupTopicOffsets]] = {}
-    for (group_name, _, _), topic_rows in itertools.groupby(
-        rows, key=lambda r: (r.group.name, r.partition.topic_id, r.subscriber)
+    for (group_name, group_id, topic_name, capacity, subscriber), topic_rows in itertools.groupby(
+        rows, key=lambda r: r[:5]
     ):
-        topic_rows_list = list(topic_rows)
-        topic = topic_rows_list[0].partition.topic
-        if not keys.allows(principal, topic.name, "consume"):
+        if not keys.allows(principal, topic_name, "consume"):
             continue
         by_group.setdefault(group_name, []).append(
-            _group_topic_offsets(group_name, topic, topic_rows_list, in_flight)
+            GroupTopicOffsets(
+                group=group_name,
+                topic=topic_name,
+                capacity=capacity,
+                subscriber=subscriber,
+                partitions=tuple(
+                    PartitionLag(
+                        partition=number,
+                        # A group behind retention reads from the start offset (DESIGN.md).
+                        committed_offset=max(committed, start),
+                        start_offset=start,
+                        end_offset=end,
+                        in_flight=in_flight.get((group_id, pid, subscriber, delivered), 0),
+                        filtered=filtered,
+                        retry_waiting=in_flight.get((group_id, pid, subscriber, waiting), 0),
+                    )
+                    for *_, pid, number, start, end, committed, filtered in topic_rows
+                ),
+            )
         )
     return by_group
+
+
+def _group_page(
+    principal: Principal, limit: int | None, after: str | None
+) -> list[models.ConsumerGroup]:
+    """The groups with offsets or members on a topic principal may consume: a page by name.
+
+    Filtered in SQL; a group the SQL filter lets through but keys.allows() refuses on every
+    topic (a pattern with a character class) is skipped and the page read on.
+    """
+    if limit is not None and not 1 <= limit <= topics.MAX_LIST_LIMIT:
+        raise errors.InvalidRequest(
+            f"limit must be between 1 and {topics.MAX_LIST_LIMIT}.", limit=limit
+        )
+    visible = topics.visible_topics(principal, ("consume",))
+    query = models.ConsumerGroup.objects.filter(
+        Q(id__in=models.GroupOffset.objects.filter(partition__topic__in=visible).values("group_id"))
+        | Q(id__in=models.GroupMember.objects.filter(topic__in=visible).values("group_id"))
+    ).order_by("name")
+    if after is not None:
+        query = query.filter(name__gt=after)
+    found: list[models.ConsumerGroup] = []
+    while True:
+        want = None if limit is None else limit - len(found)
+        chunk = list(query if want is None else query[:want])
+        seen = _groups_seeing(principal, [g.id for g in chunk])
+        found.extend(g for g in chunk if g.id in seen)
+        if want is None or limit is None or len(chunk) < want or len(found) >= limit:
+            return found
+        query = query.filter(name__gt=chunk[-1].name)
+
+
+def _groups_seeing(principal: Principal, group_ids: list[int]) -> set[int]:
+    """Of group_ids, those with offsets or members on a topic principal may consume (exactly)."""
+    if principal.is_system or not any(
+        "[" in p.pattern for p in principal.permissions if p.action in ("consume", "admin")
+    ):
+        return set(group_ids)
+    pairs = set(
+        models.GroupOffset.objects.filter(group_id__in=group_ids)
+        .values_list("group_id", "partition__topic__name")
+        .distinct()
+    ) | set(
+        models.GroupMember.objects.filter(group_id__in=group_ids).values_list(
+            "group_id", "topic__name"
+        )
+    )
+    return {g for g, name in pairs if keys.allows(principal, name, "consume")}
 
 
 def describe_group(principal: Principal, group_name: str) -> GroupInfo:
@@ -91,15 +177,23 @@ def describe_group(principal: Principal, group_name: str) -> GroupInfo:
     if group is None:
         raise errors.GroupNotFound(group=group_name)
     offsets = _offsets_by_group(principal, {"group": group}).get(group_name, [])
-    return _group_info(principal, group, offsets)
+    return _group_info(
+        principal,
+        group,
+        offsets,
+        membership.list_members(group),
+        _dead_letter_counts(principal, [group.id]).get(group.id, 0),
+    )
 
 
 def _group_info(
-    principal: Principal, group: models.ConsumerGroup, offsets: list[GroupTopicOffsets]
+    principal: Principal,
+    group: models.ConsumerGroup,
+    offsets: list[GroupTopicOffsets],
+    members: list[MemberSummary],
+    dead_letters: int,
 ) -> GroupInfo:
-    members = [
-        m for m in membership.list_members(group) if keys.allows(principal, m.topic, "consume")
-    ]
+    members = [m for m in members if keys.allows(principal, m.topic, "consume")]
     return GroupInfo(
         name=group.name,
         created_at_ms=int(group.created_at.timestamp() * 1000),
@@ -109,14 +203,7 @@ def _group_info(
         members=tuple(members),
         settings=settings_of(group),
         # Only letters of topics the principal may consume (issue 9, item 10).
-        dead_letters=sum(
-            n
-            for name, n in models.DeadLetter.objects.filter(group=group)
-            .values_list("topic__name")
-            .annotate(n=Count("id"))
-            .order_by()
-            if keys.allows(principal, name, "consume")
-        ),
+        dead_letters=dead_letters,
     )
 
 
@@ -131,31 +218,137 @@ def settings_of(group: models.ConsumerGroup) -> GroupSettings:
     )
 
 
-def list_groups(principal: Principal) -> list[GroupInfo]:
-    """Every group with offsets or members on a topic the principal may consume, by name."""
-    by_group = _offsets_by_group(principal, {})
-    # A group whose members joined but never polled or committed has no offsets yet.
-    for group_name, topic_name in models.GroupMember.objects.values_list(
-        "group__name", "topic__name"
+def list_groups(
+    principal: Principal, *, limit: int | None = None, after: str | None = None
+) -> list[GroupInfo]:
+    """The groups with offsets or members on a topic the principal may consume, by name.
+
+    A page of at most limit groups named after `after` (all when limit is None); permissions
+    filter in the query and the figures are read for the page's groups only.
+    """
+    page = _group_page(principal, limit, after)
+    by_group = _offsets_by_group(principal, {"group_id__in": [g.id for g in page]})
+    dead = _dead_letter_counts(principal, [g.id for g in page])
+    members = membership.list_members_by_group(page)
+    return [
+        _group_info(
+            principal, g, by_group.get(g.name, []), members.get(g.id, []), dead.get(g.id, 0)
+        )
+        for g in page
+    ]
+
+
+def _dead_letter_counts(principal: Principal, group_ids: list[int]) -> dict[int, int]:
+    """Per group, its dead letters on topics the principal may consume: one grouped query."""
+    counts: dict[int, int] = {}
+    for group_id, name, n in (
+        models.DeadLetter.objects.filter(group_id__in=group_ids)
+        .values_list("group_id", "topic__name")
+        .annotate(n=Count("id"))
+        .order_by()
     ):
-        if keys.allows(principal, topic_name, "consume"):
-            by_group.setdefault(group_name, [])
-    rows = {g.name: g for g in models.ConsumerGroup.objects.filter(name__in=by_group)}
-    return [_group_info(principal, rows[name], by_group[name]) for name in sorted(by_group)]
+        if keys.allows(principal, name, "consume"):
+            counts[group_id] = counts.get(group_id, 0) + n
+    return counts
 
 
-def list_group_offsets(principal: Principal) -> dict[str, list[GroupTopicOffsets]]:
+def list_group_offsets(
+    principal: Principal, *, limit: int | None = None, after: str | None = None
+) -> dict[str, list[GroupTopicOffsets]]:
     """Per group, its offsets and lag on each topic the principal may consume.
 
     list_groups without members, settings and dead-letter counts: a fixed number of queries
-    however many groups there are (the console's overview and lists).
+    however many groups there are (the console's overview and lists). Paged like list_groups.
     """
-    return _offsets_by_group(principal, {})
+    if limit is None and after is None:
+        return _offsets_by_group(principal, {})
+    page = _group_page(principal, limit, after)
+    return _offsets_by_group(principal, {"group_id__in": [g.id for g in page]})
 
 
-def overview(principal: Principal) -> Overview:
-    """Seed 000's overview: the topics, and per group and topic its offsets and lag."""
-    visible_topics = topics.list_topics(principal)
-    by_group = list_group_offsets(principal)
-    groups = [t for name in sorted(by_group) for t in by_group[name]]
-    return Overview(topics=tuple(visible_topics), groups=tuple(groups))
+def list_group_totals(principal: Principal) -> dict[str, list[GroupTopicTotals]]:
+    """Per group, its totals on each topic the principal may consume, summed in SQL.
+
+    One grouped query for the offsets and one for the messages in flight, whatever the number
+    of partitions: the console's lists sort every group by lag without reading every row.
+    """
+    visible = topics.visible_topics(principal, ("consume",))
+    position = Greatest(F("committed_offset"), F("partition__start_offset"))
+    rows = (
+        models.GroupOffset.objects.filter(partition__topic__in=visible)
+        .values(
+            "group__name", "group_id", "partition__topic__name", "partition__topic_id", "subscriber"
+        )
+        .annotate(
+            committed=Sum(position),
+            end=Sum("partition__next_offset"),
+            lag=Sum(Greatest(Value(0), F("partition__next_offset") - position)),
+        )
+        .values_list(
+            "group__name",
+            "group_id",
+            "partition__topic__name",
+            "partition__topic_id",
+            "subscriber",
+            "committed",
+            "end",
+            "lag",
+        )
+        .order_by("group__name", "partition__topic__name", "subscriber")
+    )
+    in_flight = {
+        (g, t, sub, state): int(n)
+        for g, t, sub, state, n in models.InFlight.objects.filter(partition__topic__in=visible)
+        .values("group_id", "partition__topic_id", "subscriber", "state")
+        .annotate(n=Sum(F("last_offset") - F("offset") + 1))
+        .values_list("group_id", "partition__topic_id", "subscriber", "state", "n")
+    }
+    delivered, waiting = models.InFlight.State.DELIVERED, models.InFlight.State.RETRY_WAIT
+    found: dict[str, list[GroupTopicTotals]] = {}
+    for group, group_id, topic, topic_id, subscriber, committed, end, lag in rows:
+        if not keys.allows(principal, topic, "consume"):
+            continue
+        found.setdefault(group, []).append(
+            GroupTopicTotals(
+                group=group,
+                topic=topic,
+                subscriber=subscriber,
+                committed_total=int(committed or 0),
+                end_total=int(end or 0),
+                lag=int(lag or 0),
+                in_flight=in_flight.get((group_id, topic_id, subscriber, delivered), 0),
+                retry_waiting=in_flight.get((group_id, topic_id, subscriber, waiting), 0),
+            )
+        )
+    return found
+
+
+def overview(
+    principal: Principal,
+    *,
+    limit: int | None = None,
+    topics_after: str | None = None,
+    groups_after: str | None = None,
+) -> Overview:
+    """The topics, and per group and topic its offsets and lag: pages of at most limit each.
+
+    The next pages start after next_topics_after and next_groups_after (None: no more).
+    """
+    visible_topics = topics.list_topics(principal, limit=limit, after=topics_after)
+    if limit is None and groups_after is None:
+        by_group = list_group_offsets(principal)
+        group_names = sorted(by_group)
+    else:
+        page = _group_page(principal, limit, groups_after)
+        by_group = _offsets_by_group(principal, {"group_id__in": [g.id for g in page]})
+        group_names = [g.name for g in page]
+    groups = [t for name in group_names for t in by_group.get(name, [])]
+    full = limit is not None
+    return Overview(
+        topics=tuple(visible_topics),
+        groups=tuple(groups),
+        next_topics_after=visible_topics[-1].name
+        if full and len(visible_topics) == limit
+        else None,
+        next_groups_after=group_names[-1] if full and len(group_names) == limit else None,
+    )

@@ -102,7 +102,7 @@ async def read_messages_async(
     """read_messages, waiting up to max_wait_ms for a message when there is none yet."""
     validate_max_wait(max_wait_ms)
     return await events.long_poll(
-        lambda: dbthreads.run(read_messages, principal, topic_name, partition, offset, limit),
+        lambda: dbthreads.read(read_messages, principal, topic_name, partition, offset, limit),
         is_empty=lambda r: not r.messages,
         topic_id_of=lambda r: r.topic_id,
         max_wait_ms=max_wait_ms,

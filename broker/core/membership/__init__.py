@@ -26,6 +26,7 @@ from broker.core.membership.sessions import (
     join_group,
     leave_group,
     list_members,
+    list_members_by_group,
     touch_member,
     validate_group_name,
 )
@@ -41,6 +42,7 @@ __all__ = [
     "join_group",
     "leave_group",
     "list_members",
+    "list_members_by_group",
     "locked_group",
     "rebalance",
     "rebalance_topic",

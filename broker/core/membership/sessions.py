@@ -299,27 +299,38 @@ def held_partitions(group: models.ConsumerGroup, member: models.GroupMember) -> 
 
 def list_members(group: models.ConsumerGroup) -> list[MemberSummary]:
     """The group's members with their partitions (no permission check: callers filter)."""
-    held: dict[str, list[int]] = {}
-    for member_id, number in models.PartitionLease.objects.filter(
-        group=group, member_id__isnull=False
-    ).values_list("member_id", "partition__number"):
+    return list_members_by_group([group]).get(group.id, [])
+
+
+def list_members_by_group(
+    groups: list[models.ConsumerGroup],
+) -> dict[int, list[MemberSummary]]:
+    """Per group id, its members with their partitions, in two queries for all the groups."""
+    held: dict[tuple[int, str], list[int]] = {}
+    for group_id, member_id, number in models.PartitionLease.objects.filter(
+        group__in=groups, member_id__isnull=False
+    ).values_list("group_id", "member_id", "partition__number"):
         if member_id is not None:
-            held.setdefault(member_id, []).append(number)
-    broadcast = group.mode == models.ConsumerGroup.Mode.BROADCAST
-    return [
-        MemberSummary(
-            member_id=m.member_id,
-            topic=m.topic.name,
-            partitions=tuple(range(m.topic.partition_count))
-            if broadcast
-            else tuple(sorted(held.get(m.member_id, []))),
-            joined_ms=m.joined_ms,
-            heartbeat_ms=m.heartbeat_ms,
-            filter=m.filter,
-            client=m.client,
-            host=m.host,
-        )
-        for m in models.GroupMember.objects.filter(group=group)
+            held.setdefault((group_id, member_id), []).append(number)
+    broadcast = {g.id for g in groups if g.mode == models.ConsumerGroup.Mode.BROADCAST}
+    found: dict[int, list[MemberSummary]] = {}
+    for m in (
+        models.GroupMember.objects.filter(group__in=groups)
         .select_related("topic")
-        .order_by("member_id")
-    ]
+        .order_by("group_id", "member_id")
+    ):
+        found.setdefault(m.group_id, []).append(
+            MemberSummary(
+                member_id=m.member_id,
+                topic=m.topic.name,
+                partitions=tuple(range(m.topic.partition_count))
+                if m.group_id in broadcast
+                else tuple(sorted(held.get((m.group_id, m.member_id), []))),
+                joined_ms=m.joined_ms,
+                heartbeat_ms=m.heartbeat_ms,
+                filter=m.filter,
+                client=m.client,
+                host=m.host,
+            )
+        )
+    return found

@@ -1,0 +1,61 @@
+"""Reader threads beside the writer: reads run there, writes cannot (core/dbthreads.py)."""
+
+import threading
+from collections.abc import Iterator
+
+import pytest
+from django.db import connection
+from django.db.utils import DatabaseError
+
+from broker import models
+from broker.core import dbthreads, topics
+
+
+@pytest.fixture
+def pools(settings) -> Iterator[None]:
+    """Real pools of one writer and one reader thread, as a server has; closed afterwards."""
+    settings.FERRY_DB_THREADS = 1
+    settings.FERRY_DB_READ_THREADS = 1
+    dbthreads._pool = dbthreads._read_pool = None
+    yield
+    for pool in (dbthreads._pool, dbthreads._read_pool):
+        if pool is not None:
+            # Each pool has one thread: this closes its connection before the thread ends.
+            pool.submit(lambda: connection.close()).result()
+            pool.shutdown()
+    dbthreads._pool = dbthreads._read_pool = None
+
+
+def _thread_name() -> str:
+    return threading.current_thread().name
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_read__runs_on_a_reader_thread_and_run_on_the_writer(pools):
+    assert (await dbthreads.read(_thread_name)).startswith("ferry-read")
+    assert (await dbthreads.run(_thread_name)).startswith("ferry-db")
+
+
+def _create_topic() -> None:
+    models.Topic.objects.create(name="sneaky", partition_count=1, max_message_bytes=10)
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_read__refuses_a_write(pools, console):
+    # SQLite: "attempt to write a readonly database"; PostgreSQL: "cannot execute INSERT in a
+    # read-only transaction". Either way nothing is stored.
+    with pytest.raises(DatabaseError):
+        await dbthreads.read(_create_topic)
+    # The reader reconnects after the error and is read-only again.
+    with pytest.raises(DatabaseError):
+        await dbthreads.read(_create_topic)
+    await dbthreads.run(topics.create_topic, console, "fine")
+    assert [t.name for t in await dbthreads.read(topics.list_topics, console)] == ["fine"]
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_read__sees_what_the_writer_committed(pools, console):
+    for n in range(5):
+        await dbthreads.run(topics.create_topic, console, f"t{n}")
+        found = await dbthreads.read(topics.list_topics, console)
+        assert len(found) == n + 1
