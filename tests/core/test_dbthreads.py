@@ -59,3 +59,26 @@ async def test_read__sees_what_the_writer_committed(pools, console):
         await dbthreads.run(topics.create_topic, console, f"t{n}")
         found = await dbthreads.read(topics.list_topics, console)
         assert len(found) == n + 1
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_read__a_replaced_connection_is_read_only_too(pools, console):
+    if connection.vendor != "postgresql":
+        pytest.skip("sessions are terminated on PostgreSQL")
+    from tests.core.test_outages import _terminate_own_session
+
+    await dbthreads.read(_thread_name)  # the reader's session exists and is read-only
+
+    def terminated_then_write() -> None:
+        # The first run meets the ended session; call_with_reconnect runs it again on a new
+        # connection, which must refuse the write as the old one did.
+        if not getattr(terminated_then_write, "done", False):
+            terminated_then_write.done = True  # type: ignore[attr-defined]
+            _terminate_own_session()
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT 1")
+        _create_topic()
+
+    with pytest.raises(DatabaseError):
+        await dbthreads.read(terminated_then_write)
+    assert not await dbthreads.run(lambda: models.Topic.objects.filter(name="sneaky").exists())
