@@ -730,3 +730,74 @@ class GroupPointOut(Schema):
 class GroupHistoryOut(Schema):
     group: str
     points: list[GroupPointOut]
+
+
+# Transactions (docs/transactions.md).
+
+
+class TransactionIn(In):
+    producer_id: str = Field(
+        examples=["order-service"],
+        description="Names the producer: a newer begin for it fences its open transaction.",
+    )
+    timeout_ms: DurationMs = Field(
+        description="After this the transaction is checked back (check_url) or rolled back."
+    )
+    check_url: str | None = Field(
+        None,
+        description="POSTed to when the transaction times out: answer commit/rollback/unknown.",
+    )
+
+
+class TransactionMessagesIn(ProduceIn):
+    """Half messages for one topic, in produce's message shape; any number of calls and topics."""
+
+    topic: str
+
+
+class TransactionOffsetsIn(In):
+    group: str
+    topic: str
+    offsets: list[PartitionOffsetIn] = Field(min_length=1)
+
+
+class TransactionAcksIn(In):
+    group: str
+    receipts: Receipts
+
+
+class TransactionOut(Schema):
+    id: int
+    kind: str = Field(description="producer, or outbox (published from inside the project)")
+    producer_id: str
+    epoch: int
+    state: str = Field(description="open, prepared (outbox), committed or rolled_back")
+    reason: str = Field(description="Why it ended so: producer, operator, fenced, timeout, …")
+    owner: str
+    timeout_ms: int
+    check_url: str | None
+    created_ms: int
+    deadline_ms: int
+    ended_ms: int | None
+    messages: int
+    offsets: int
+    acks: int
+    topics: list[str]
+    checks: int
+    next_check_ms: int | None
+    last_check: str
+
+
+class TransactionResultOut(Schema):
+    topic: str
+    partition: int | None = None
+    offset: int | None = None
+    duplicate: bool
+    scheduled_id: int | None = None
+    deliver_at_ms: int | None = None
+
+
+class TransactionCommitOut(TransactionOut):
+    results: list[TransactionResultOut] = Field(
+        description="Where each message went, in the order added (empty on a repeated commit)."
+    )

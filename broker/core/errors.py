@@ -190,3 +190,33 @@ class MessageNotFound(BrokerError):
 
     code = "message_not_found"
     template = "Topic {topic!r} has no stored message at partition {partition}, offset {offset}."
+
+
+class TransactionNotFound(BrokerError):
+    """No transaction has that id (or it is not this key's to see)."""
+
+    code = "transaction_not_found"
+    template = "No transaction {id}."
+
+
+class Fenced(BrokerError):
+    """A newer transaction of the same producer id fenced this one; it was rolled back."""
+
+    code = "fenced"
+    template = (
+        "Transaction {id} was fenced by a newer begin of producer {producer_id!r} "
+        "(epoch {epoch}); it was rolled back."
+    )
+
+
+class TransactionNotOpen(BrokerError):
+    """The transaction has ended: it can no longer take messages, be committed or rolled back."""
+
+    code = "transaction_not_open"
+    template = "Transaction {id} is {state} ({reason}); it cannot be changed any more."
+
+
+class TransactionAborted(BrokerError):
+    """The commit could not take effect as a whole, so the transaction was rolled back."""
+
+    code = "transaction_aborted"

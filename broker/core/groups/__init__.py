@@ -26,6 +26,7 @@ from broker.core.groups.info import (
 )
 from broker.core.groups.positions import (
     commit_offsets,
+    commit_offsets_in_transaction,
     delete_group,
     ensure_offsets,
     poll_messages,
@@ -40,6 +41,7 @@ __all__ = [
     "RESET_TARGETS",
     "SESSION_TIMEOUT_MS_RANGE",
     "commit_offsets",
+    "commit_offsets_in_transaction",
     "configure_group",
     "delete_group",
     "describe_group",
