@@ -650,8 +650,14 @@ def _purge_ended(now: int) -> int:
     return len(ids)
 
 
-def check_transactions() -> TransactionCheck:
-    """The periodic job: promote committed outbox writes, time out, check back, purge old ones."""
+def check_transactions() -> int:
+    """The periodic job (run_checks); returns how many transactions it promoted or ended."""
+    done = run_checks()
+    return done.committed + done.rolled_back + done.promoted + done.purged
+
+
+def run_checks() -> TransactionCheck:
+    """Promote committed outbox writes, time out, check back, purge old ended transactions."""
     now = log.now_ms()
     promoted = promote_prepared()
     rolled_back = _roll_back_timed_out(now)

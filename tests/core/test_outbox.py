@@ -118,7 +118,7 @@ def test_promote_prepared__a_crash_between_commit_and_promotion_still_publishes(
     # Committed with the caller's rows, not yet appended.
     assert models.Transaction.objects.get().state == "prepared"
     assert stored(console, topic) == []
-    assert transactions.check_transactions().promoted == 1
+    assert transactions.run_checks().promoted == 1
     assert stored(console, topic) == [0, 1, 2]
-    assert transactions.check_transactions().promoted == 0
+    assert transactions.run_checks().promoted == 0
     assert stored(console, topic) == [0, 1, 2]

@@ -230,7 +230,7 @@ def test_check_transactions__rolls_back_timed_out_without_check_url(topic_factor
     t = transactions.begin_transaction(console, "p", 1)
     transactions.add_messages(console, t.id, a, msgs(1))
     models.Transaction.objects.filter(id=t.id).update(deadline_ms=log.now_ms() - 1)
-    done = transactions.check_transactions()
+    done = transactions.run_checks()
     assert done.rolled_back == 1
     info = transactions.get_transaction(console, t.id)
     assert (info.state, info.reason) == ("rolled_back", "timeout")
@@ -241,7 +241,7 @@ def test_check_transactions__purges_old_ended(db, console):
     t = transactions.begin_transaction(console, "p", 60_000)
     transactions.rollback_transaction(console, t.id)
     models.Transaction.objects.filter(id=t.id).update(ended_ms=1)
-    assert transactions.check_transactions().purged == 1
+    assert transactions.run_checks().purged == 1
     assert not models.Transaction.objects.filter(id=t.id).exists()
 
 
@@ -316,7 +316,7 @@ def test_check_transactions__check_back_commit(topic_factory, console, check_ser
     a = topic_factory().name
     server = check_server("commit")
     t = timed_out(console, a, server.url)
-    done = transactions.check_transactions()
+    done = transactions.run_checks()
     assert (done.checked, done.committed) == (1, 1)
     assert stored(console, a) == [1, 2]
     info = transactions.get_transaction(console, t.id)
@@ -328,7 +328,7 @@ def test_check_transactions__check_back_commit(topic_factory, console, check_ser
 def test_check_transactions__check_back_rollback(topic_factory, console, check_server):
     a = topic_factory().name
     t = timed_out(console, a, check_server("rollback").url)
-    assert transactions.check_transactions().rolled_back == 1
+    assert transactions.run_checks().rolled_back == 1
     assert stored(console, a) == []
     info = transactions.get_transaction(console, t.id)
     assert (info.state, info.reason) == ("rolled_back", "check_back")
@@ -342,11 +342,11 @@ def test_check_transactions__unknown_then_rolled_back_after_max(
     a = topic_factory().name
     server = check_server("unknown", "unknown", "unknown")
     t = timed_out(console, a, server.url)
-    transactions.check_transactions()
+    transactions.run_checks()
     info = transactions.get_transaction(console, t.id)
     assert (info.state, info.checks, info.last_check) == ("open", 1, "check answered unknown")
-    transactions.check_transactions()
-    transactions.check_transactions()
+    transactions.run_checks()
+    transactions.run_checks()
     info = transactions.get_transaction(console, t.id)
     assert (info.state, info.reason, info.checks) == ("rolled_back", "check_back_unresolved", 3)
     assert [q["checks"] for q in server.asked] == [1, 2, 3]
@@ -358,8 +358,8 @@ def test_check_transactions__backoff_between_checks(topic_factory, console, chec
     a = topic_factory().name
     server = check_server("unknown", "commit")
     t = timed_out(console, a, server.url)
-    transactions.check_transactions()
-    transactions.check_transactions()
+    transactions.run_checks()
+    transactions.run_checks()
     assert len(server.asked) == 1  # the next check waits for its backoff
     info = transactions.get_transaction(console, t.id)
     assert info.next_check_ms is not None
@@ -374,11 +374,11 @@ def test_check_transactions__callback_down(topic_factory, console, check_server,
     url = server.url
     server.close()
     t = timed_out(console, a, url)
-    transactions.check_transactions()
+    transactions.run_checks()
     info = transactions.get_transaction(console, t.id)
     assert info.state == "open"
     assert info.last_check.startswith("check failed")
-    transactions.check_transactions()
+    transactions.run_checks()
     info = transactions.get_transaction(console, t.id)
     assert (info.state, info.reason) == ("rolled_back", "check_back_unresolved")
 
@@ -388,4 +388,4 @@ def test_check_transactions__producer_may_still_commit_past_timeout(topic_factor
     t = timed_out(console, a, "http://127.0.0.1:9/never")
     transactions.commit_transaction(console, t.id)
     assert stored(console, a) == [1, 2]
-    assert transactions.check_transactions().checked == 0
+    assert transactions.run_checks().checked == 0
