@@ -1193,8 +1193,10 @@ def add_transaction_acks(
 def commit_transaction(
     request: AuthedRequest,
     transaction_id: int = Path(..., ge=1, le=INT64_MAX),
-) -> dict[str, Any]:
-    return transaction_result_out(transactions.commit_transaction(request.auth, transaction_id))
+) -> HttpResponse:
+    # Rendered directly, as produce's results are: a delayed message's fields only where set.
+    result = transactions.commit_transaction(request.auth, transaction_id)
+    return json_response(transaction_result_out(result))
 
 
 @api.post(

@@ -204,8 +204,8 @@ class Fenced(BrokerError):
 
     code = "fenced"
     template = (
-        "Transaction {id} was fenced by a newer begin of producer {producer_id!r} "
-        "(epoch {epoch}); it was rolled back."
+        "A newer begin of producer {producer_id!r} (epoch {epoch}) fenced this transaction; "
+        "it was rolled back."
     )
 
 
@@ -213,7 +213,7 @@ class TransactionNotOpen(BrokerError):
     """The transaction has ended: it can no longer take messages, be committed or rolled back."""
 
     code = "transaction_not_open"
-    template = "Transaction {id} is {state} ({reason}); it cannot be changed any more."
+    template = "The transaction is {state} ({reason}); it cannot be changed any more."
 
 
 class TransactionAborted(BrokerError):

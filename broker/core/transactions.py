@@ -380,7 +380,7 @@ def _commit_locked(
     if len(staged) != row.message_count or len(offsets) != row.offset_count:
         raise _Abort(
             "topic_deleted",
-            f"A topic of transaction {row.id} was deleted while it was open.",
+            "A topic of the transaction was deleted while it was open.",
             id=row.id,
         )
     by_topic: dict[int, tuple[models.Topic, list[int]]] = {}
@@ -418,7 +418,7 @@ def _commit_locked(
         if stale:
             raise _Abort(
                 "stale_receipts",
-                f"Transaction {row.id} carries acks of deliveries that are no longer in flight "
+                "The transaction carries acks of deliveries that are no longer in flight "
                 "(redelivered, settled or expired): its work must be redone.",
                 id=row.id,
                 group=group_name,
