@@ -10,6 +10,13 @@ from ferry_client.producer import Producer
 from ferry_client.producer_async import AsyncProducer
 from ferry_client.reader import ArrowPage, FetchPage, PartitionOffsets, Reader
 from ferry_client.records import Delivery, Message, SendHooks, SendResult
+from ferry_client.transactions import (
+    CheckBackServer,
+    CheckRequest,
+    LocalTransactions,
+    Transaction,
+    check_back_app,
+)
 
 __all__ = [
     "UNSET",
@@ -18,11 +25,14 @@ __all__ = [
     "AsyncConsumer",
     "AsyncProducer",
     "BrokerUnavailable",
+    "CheckBackServer",
+    "CheckRequest",
     "Consumer",
     "DeadLetterPage",
     "Delivery",
     "FerryError",
     "FetchPage",
+    "LocalTransactions",
     "Message",
     "PartitionOffsets",
     "Producer",
@@ -30,4 +40,6 @@ __all__ = [
     "Reject",
     "SendHooks",
     "SendResult",
+    "Transaction",
+    "check_back_app",
 ]

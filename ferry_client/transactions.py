@@ -1,0 +1,292 @@
+"""Transactions: `with producer.transaction(): ...`, and the check-back helper.
+
+See docs/transactions.md. A Transaction sends half messages (and a consumer's acks or a group's
+offsets) with its transaction id; leaving the `with` block commits, an exception rolls back.
+`LocalTransactions` is RocketMQ's local-transaction-with-check-back pattern: it begins a
+transaction with a check_url, runs the application's local transaction, and commits or rolls
+back by its outcome; when the outcome never reached the broker (a crash), the broker asks the
+application's check-back handler, which `check_back_app` (WSGI) or `CheckBackServer` serves.
+"""
+
+import json
+import threading
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+from ferry_client import transport
+from ferry_client.records import Message, SendResult, Value
+
+ANSWERS = ("commit", "rollback", "unknown")
+
+
+@dataclass(frozen=True)
+class TransactionInfo:
+    """A transaction as the broker reports it (GET /transactions/{id})."""
+
+    id: int
+    producer_id: str
+    epoch: int
+    state: str
+    reason: str
+    messages: int
+    raw: Mapping[str, Any]
+
+    @classmethod
+    def from_wire(cls, body: Mapping[str, Any]) -> "TransactionInfo":
+        return cls(
+            id=body["id"],
+            producer_id=body["producer_id"],
+            epoch=body["epoch"],
+            state=body["state"],
+            reason=body["reason"],
+            messages=body["messages"],
+            raw=dict(body),
+        )
+
+
+class Transaction:
+    """An open transaction: send, ack, commit_offsets, then commit or rollback (once)."""
+
+    def __init__(self, client: transport.Transport, info: TransactionInfo) -> None:
+        self._transport = client
+        self.info = info
+        self.results: list[SendResult] = []
+        self._sent: list[tuple[str, Message]] = []
+        self.ended = False
+
+    @property
+    def id(self) -> int:
+        return self.info.id
+
+    def _path(self, verb: str) -> str:
+        return f"/transactions/{self.id}/{verb}"
+
+    def send(
+        self,
+        topic: str,
+        value: Value,
+        *,
+        key: str | None = None,
+        tag: str | None = None,
+        headers: Mapping[str, str] | None = None,
+        partition: int | None = None,
+        id: str | None = None,
+    ) -> None:
+        """Add one half message: stored now, visible when the transaction commits."""
+        message = Message(value, key, tag, dict(headers or {}), partition, id)
+        self.send_batch(topic, [message])
+
+    def send_batch(self, topic: str, messages: Iterable[Message | Value]) -> None:
+        """Add half messages to one topic in one call (each gets a client id first)."""
+        prepared = [(m if isinstance(m, Message) else Message(m)).with_id() for m in messages]
+        if not prepared:
+            return
+        # Retrying an add is safe: the ids make a repeated message one message at commit.
+        self._transport.request(
+            "POST",
+            self._path("messages"),
+            json={"topic": topic, "messages": [m.to_wire() for m in prepared]},
+        )
+        self._sent += [(topic, m) for m in prepared]
+
+    def ack(self, group: str, receipts: Sequence[str]) -> None:
+        """Carry acks of deliveries (a consumer's receipts): settled when this commits."""
+        self._transport.request(
+            "POST", self._path("acks"), json={"group": group, "receipts": list(receipts)}
+        )
+
+    def commit_offsets(self, group: str, topic: str, offsets: Mapping[int, int]) -> None:
+        """Carry a group's offset commit (partition -> next offset): applied when this commits."""
+        self._transport.request(
+            "POST",
+            self._path("offsets"),
+            json={
+                "group": group,
+                "topic": topic,
+                "offsets": [{"partition": p, "offset": o} for p, o in sorted(offsets.items())],
+            },
+        )
+
+    def commit(self) -> list[SendResult]:
+        """Make everything visible at once; returns where each message went, in send order."""
+        body = self._transport.request("POST", self._path("commit"))
+        self.ended = True
+        self.info = TransactionInfo.from_wire(body)
+        results = body.get("results") or []
+        if len(results) == len(self._sent):
+            self.results = [
+                SendResult.from_wire(topic, message, result)
+                for (topic, message), result in zip(self._sent, results, strict=True)
+            ]
+        return self.results
+
+    def rollback(self) -> None:
+        """Discard everything this transaction carries."""
+        body = self._transport.request("POST", self._path("rollback"))
+        self.ended = True
+        self.info = TransactionInfo.from_wire(body)
+
+    def __enter__(self) -> "Transaction":
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self.ended:
+            return
+        if exc_type is None:
+            self.commit()
+        else:
+            self.rollback()
+
+
+def begin(
+    client: transport.Transport,
+    producer_id: str | None = None,
+    *,
+    timeout_ms: int = 60_000,
+    check_url: str | None = None,
+) -> Transaction:
+    """Begin a transaction; a newer begin with the same producer_id fences this one."""
+    body = client.request(
+        "POST",
+        "/transactions",
+        json={
+            "producer_id": producer_id or f"ferry-client-{uuid.uuid4().hex[:12]}",
+            "timeout_ms": timeout_ms,
+            "check_url": check_url,
+        },
+        # A repeated begin would fence the first: send it once.
+        idempotent=False,
+    )
+    return Transaction(client, TransactionInfo.from_wire(body))
+
+
+@dataclass(frozen=True)
+class CheckRequest:
+    """What the broker asks the check-back handler about a transaction past its timeout."""
+
+    transaction_id: int
+    producer_id: str
+    epoch: int
+    checks: int
+    messages: int
+
+
+Check = Callable[[CheckRequest], str]
+
+
+def answer(check: Check, body: bytes) -> dict[str, str]:
+    """The handler's answer to one check-back body: {"status": commit | rollback | unknown}."""
+    try:
+        asked = json.loads(body)
+        request = CheckRequest(
+            transaction_id=int(asked["transaction_id"]),
+            producer_id=str(asked["producer_id"]),
+            epoch=int(asked["epoch"]),
+            checks=int(asked.get("checks", 1)),
+            messages=int(asked.get("messages", 0)),
+        )
+        decided = check(request)
+    except Exception:
+        # Anything that goes wrong answers unknown: the broker asks again later.
+        decided = "unknown"
+    return {"status": decided if decided in ANSWERS else "unknown"}
+
+
+def check_back_app(check: Check) -> Callable[..., Iterator[bytes]]:
+    """A WSGI app answering the broker's check-backs with check(request); mount it anywhere."""
+
+    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterator[bytes]:
+        length = int(environ.get("CONTENT_LENGTH") or 0)
+        body = environ["wsgi.input"].read(min(length, 65536)) if length else b""
+        out = json.dumps(answer(check, body)).encode()
+        start_response(
+            "200 OK", [("Content-Type", "application/json"), ("Content-Length", str(len(out)))]
+        )
+        yield out
+
+    return app
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+class CheckBackServer:
+    """check_back_app served from a thread (`with CheckBackServer(check) as server:`).
+
+    `url` is what to pass as check_url; it listens on host (default loopback) and port (0: any).
+    """
+
+    def __init__(self, check: Check, host: str = "127.0.0.1", port: int = 0) -> None:
+        self._server: WSGIServer = make_server(
+            host, port, check_back_app(check), handler_class=_QuietHandler
+        )
+        self.url = f"http://{host}:{self._server.server_port}/"
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, name="ferry-check-back", daemon=True
+        )
+        self._thread.start()
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(5)
+
+    def __enter__(self) -> "CheckBackServer":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class LocalTransactions:
+    """RocketMQ's transactional producer: half messages, the local transaction, check-back.
+
+    `run(messages, local)` begins a transaction with this check_url, adds the messages, runs
+    `local()` (the application's own database transaction) and commits when it returns, rolls
+    back when it raises. If the process dies in between, the broker calls the check-back
+    handler, which must answer from the application's own state (did the local transaction
+    commit?): serve `check_back_app(check)` at check_url.
+    """
+
+    def __init__(
+        self,
+        client: transport.Transport,
+        producer_id: str,
+        check_url: str,
+        *,
+        timeout_ms: int = 60_000,
+    ) -> None:
+        self._transport = client
+        self.producer_id = producer_id
+        self.check_url = check_url
+        self.timeout_ms = timeout_ms
+
+    def run(
+        self, topic: str, messages: Iterable[Message | Value], local: Callable[[int], object]
+    ) -> list[SendResult]:
+        """Half messages to topic, then local(transaction_id); commit after it, else roll back.
+
+        local gets the transaction id to store with its own rows, so the check-back handler
+        can tell whether they committed.
+        """
+        txn = begin(
+            self._transport,
+            self.producer_id,
+            timeout_ms=self.timeout_ms,
+            check_url=self.check_url,
+        )
+        txn.send_batch(topic, messages)
+        with txn:
+            local(txn.id)
+        return txn.results
