@@ -14,6 +14,7 @@ from ferry_client.transactions import (
     CheckBackServer,
     CheckRequest,
     LocalTransactions,
+    ReadProcessWrite,
     Transaction,
     check_back_app,
 )
@@ -36,6 +37,7 @@ __all__ = [
     "Message",
     "PartitionOffsets",
     "Producer",
+    "ReadProcessWrite",
     "Reader",
     "Reject",
     "SendHooks",

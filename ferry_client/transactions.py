@@ -17,8 +17,8 @@ from types import TracebackType
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from ferry_client import transport
-from ferry_client.records import Message, SendResult, Value
+from ferry_client import errors, transport
+from ferry_client.records import Delivery, Message, SendResult, Value
 
 ANSWERS = ("commit", "rollback", "unknown")
 
@@ -290,3 +290,78 @@ class LocalTransactions:
         with txn:
             local(txn.id)
         return txn.results
+
+
+class ReadProcessWrite(transport.Closing):
+    """Exactly-once read-process-write: a group member whose every batch is one transaction.
+
+    `process(handler)` polls a batch of deliveries as member `member_id` of `group` on `topic`,
+    runs `handler(deliveries, txn)` (which sends its output with `txn.send`), and commits the
+    output together with the deliveries' acks. A handler exception rolls back: the batch is
+    delivered again after its ack deadline. A commit refused as `transaction_aborted` (the
+    deliveries went stale meanwhile) wrote and acked nothing: process() answers 0 and the work
+    is redone from the next poll. The producer id defaults to the member id, so a restarted
+    instance fences its previous life's transaction.
+    """
+
+    def __init__(
+        self,
+        urls: str | Sequence[str],
+        api_key: str,
+        *,
+        group: str,
+        topic: str,
+        member_id: str,
+        producer_id: str | None = None,
+        timeout_ms: int = 60_000,
+        max_wait_ms: int = 1000,
+    ) -> None:
+        self._transport = transport.Transport(urls, api_key)
+        self.group, self.topic, self.member_id = group, topic, member_id
+        self.producer_id = producer_id or member_id
+        self.timeout_ms = timeout_ms
+        self.max_wait_ms = max_wait_ms
+        self._transport.request(
+            "POST", f"/groups/{group}/members", json={"topic": topic, "member_id": member_id}
+        )
+
+    def process(
+        self, handler: Callable[[list[Delivery], Transaction], object], max_messages: int = 100
+    ) -> int:
+        """One batch, one transaction; returns how many deliveries it settled (0: none)."""
+        body = self._transport.request(
+            "POST",
+            f"/groups/{self.group}/poll",
+            json={
+                "topic": self.topic,
+                "member_id": self.member_id,
+                "max_messages": max_messages,
+                "max_wait_ms": self.max_wait_ms,
+            },
+            idempotent=False,
+        )
+        deliveries = [Delivery.from_wire(self.topic, m) for m in body["messages"]]
+        if not deliveries:
+            return 0
+        txn = begin(self._transport, self.producer_id, timeout_ms=self.timeout_ms)
+        try:
+            handler(deliveries, txn)
+            txn.ack(self.group, [d.receipt for d in deliveries])
+        except BaseException:
+            txn.rollback()
+            raise
+        try:
+            txn.commit()
+        except errors.FerryError as refused:
+            if refused.code != "transaction_aborted":
+                raise
+            return 0
+        return len(deliveries)
+
+    def close(self) -> None:
+        try:
+            self._transport.request("DELETE", f"/groups/{self.group}/members/{self.member_id}")
+        except errors.FerryError:
+            pass  # already expired: nothing to leave
+        finally:
+            self._transport.close()
