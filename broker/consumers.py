@@ -8,6 +8,7 @@ when messages are appended or come back for redelivery.
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import logging
 import sys
@@ -34,8 +35,9 @@ from broker.core import (
     keys,
     log,
     membership,
+    transactions,
 )
-from broker.core.records import AppendResult, Delivery, MemberInfo, Principal
+from broker.core.records import AppendResult, Delivery, MemberInfo, Principal, TransactionInfo
 
 logger = logging.getLogger(__name__)
 
@@ -515,6 +517,49 @@ class BrokerConsumer(AsyncWebsocketConsumer):
             {"type": "published", "ref": frame.ref, "results": [_append_out(r) for r in results]}
         )
 
+    # Transactions: one core call each, on a database thread; answered in the order received.
+
+    async def on_begin(self, frame: frames.BeginFrame) -> None:
+        info = await dbthreads.run(
+            transactions.begin_transaction,
+            self._principal(),
+            frame.producer_id,
+            frame.timeout_ms,
+            frame.check_url,
+        )
+        await self._send_frame({"type": "begun", "ref": frame.ref, "transaction": _txn_out(info)})
+
+    async def on_add(self, frame: frames.AddFrame) -> None:
+        info = await dbthreads.run(
+            transactions.add_messages,
+            self._principal(),
+            frame.transaction,
+            frame.topic,
+            frame.to_new_messages(),
+        )
+        await self._send_frame({"type": "added", "ref": frame.ref, "transaction": _txn_out(info)})
+
+    async def on_commit(self, frame: frames.CommitFrame) -> None:
+        result = await dbthreads.run(
+            transactions.commit_transaction, self._principal(), frame.transaction
+        )
+        await self._send_frame(
+            {
+                "type": "committed",
+                "ref": frame.ref,
+                "transaction": _txn_out(result.transaction),
+                "results": [{"topic": t, **_append_out(r)} for t, r in result.results],
+            }
+        )
+
+    async def on_rollback(self, frame: frames.RollbackFrame) -> None:
+        info = await dbthreads.run(
+            transactions.rollback_transaction, self._principal(), frame.transaction
+        )
+        await self._send_frame(
+            {"type": "rolled_back", "ref": frame.ref, "transaction": _txn_out(info)}
+        )
+
     def _host(self) -> str:
         """Where this connection comes from, as the members' `host` shows it."""
         client = self.scope.get("client")
@@ -694,6 +739,14 @@ def _append_out(r: AppendResult) -> dict[str, Any]:
     }
 
 
+def _txn_out(info: TransactionInfo) -> dict[str, Any]:
+    """A transaction as REST's TransactionOut has it."""
+    out = dataclasses.asdict(info)
+    out["topics"] = list(info.topics)
+    out["check_url"] = info.check_url or None
+    return out
+
+
 Handler = Callable[[BrokerConsumer, Any], Awaitable[None]]
 HANDLERS: dict[str, Handler] = {
     "auth": BrokerConsumer.on_auth,
@@ -706,5 +759,9 @@ HANDLERS: dict[str, Handler] = {
     "extend": BrokerConsumer.on_extend,
     "credit": BrokerConsumer.on_credit,
     "publish": BrokerConsumer.on_publish,
+    "begin": BrokerConsumer.on_begin,
+    "add": BrokerConsumer.on_add,
+    "commit": BrokerConsumer.on_commit,
+    "rollback": BrokerConsumer.on_rollback,
 }
 assert set(HANDLERS) == frames.TYPES, "every client frame type has one handler"  # noqa: S101

@@ -92,6 +92,36 @@ class PingFrame(Frame):
     type: Literal["ping"]
 
 
+# Transactions (docs/websocket.md#transactions): the REST endpoints' bodies, as frames.
+TransactionId = Annotated[StrictInt, Field(ge=1, le=2**63 - 1)]
+
+
+class BeginFrame(Frame):
+    type: Literal["begin"]
+    producer_id: str
+    timeout_ms: DurationMs
+    check_url: str | None = None
+
+
+class AddFrame(ProduceIn):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    type: Literal["add"]
+    ref: Ref = None
+    transaction: TransactionId
+    topic: str
+
+
+class CommitFrame(Frame):
+    type: Literal["commit"]
+    transaction: TransactionId
+
+
+class RollbackFrame(Frame):
+    type: Literal["rollback"]
+    transaction: TransactionId
+
+
 ClientFrame = Annotated[
     AuthFrame
     | SubscribeFrame
@@ -102,11 +132,16 @@ ClientFrame = Annotated[
     | ExtendFrame
     | CreditFrame
     | PublishFrame
-    | PingFrame,
+    | PingFrame
+    | BeginFrame
+    | AddFrame
+    | CommitFrame
+    | RollbackFrame,
     Field(discriminator="type"),
 ]
 client_frame = TypeAdapter(ClientFrame)
 TYPES = frozenset(
     {"auth", "subscribe", "unsubscribe", "ack", "nack", "reject", "extend", "credit", "publish"}
     | {"ping"}
+    | {"begin", "add", "commit", "rollback"}
 )

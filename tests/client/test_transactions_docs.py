@@ -3,6 +3,7 @@
 import re
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from django.test import RequestFactory
@@ -51,7 +52,7 @@ def test_transactions_doc__examples_run(broker_url, secret):
     exec(read_process_write, dict(env))  # the doc's own example
     assert values("totals") == [b'{"total":42,"count":3}']
     assert not models.InFlight.objects.exists()
-    namespace = {"Order": SimpleNamespace(objects=Orders)}
+    namespace: dict[str, Any] = {"Order": SimpleNamespace(objects=Orders)}
     exec(view, namespace)  # the doc's own example
     request = RequestFactory().post("/orders", {"customer": "ada"})
     response = namespace["place_order"](request)
