@@ -18,10 +18,23 @@ from broker.cli import (
     remote,
     scheduled,
     topics,
+    transactions,
 )
 from broker.core import errors
 
-NOUNS = (topics, produce, consume, messages, scheduled, groups, dlq, apikey, audit, bootstrap)
+NOUNS = (
+    topics,
+    produce,
+    consume,
+    messages,
+    scheduled,
+    groups,
+    dlq,
+    transactions,
+    apikey,
+    audit,
+    bootstrap,
+)
 
 
 class Command(BaseCommand):
