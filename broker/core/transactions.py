@@ -16,12 +16,13 @@ import urllib.request
 from collections.abc import Iterable
 from typing import Any
 
+import orjson
 from django.db import IntegrityError, connection, transaction
 from django.db.models import F
 
 from broker import models
 from broker import settings as ferry_settings
-from broker.core import delivery, errors, groups, inflight, keys, log, membership
+from broker.core import bulk, delivery, errors, groups, inflight, keys, log, membership
 from broker.core.records import (
     AppendResult,
     NewMessage,
@@ -220,27 +221,47 @@ def begin_transaction(
     return _info(row)
 
 
-def _staged_rows(
-    row_id: int, topic: models.Topic, messages: list[NewMessage]
-) -> list[models.StagedMessage]:
-    return [
-        models.StagedMessage(
-            transaction_id=row_id,
-            topic_id=topic.id,
-            partition_number=m.partition,
-            key=m.key,
-            tag=m.tag,
-            headers=m.headers,
-            value=m.value,
-            is_json=m.is_json,
-            client_id=m.client_id,
-            delay_ms=m.delay_ms,
-            deliver_at_ms=m.deliver_at_ms,
-            delay_level=m.delay_level,
-            timestamp_ms=m.timestamp_ms,
-        )
-        for m in messages
-    ]
+STAGED_COLUMNS = (
+    "transaction_id",
+    "topic_id",
+    "partition_number",
+    "key",
+    "tag",
+    "headers",
+    "value",
+    "is_json",
+    "client_id",
+    "delay_ms",
+    "deliver_at_ms",
+    "delay_level",
+    "timestamp_ms",
+)
+
+
+def _stage(row_id: int, topic: models.Topic, messages: list[NewMessage]) -> None:
+    """Insert half messages in bulk (bulk.insert_rows, as the log's own insert does)."""
+    bulk.insert_rows(
+        "broker_stagedmessage",
+        STAGED_COLUMNS,
+        [
+            (
+                row_id,
+                topic.id,
+                m.partition,
+                m.key,
+                m.tag,
+                orjson.dumps(m.headers).decode() if m.headers else "{}",
+                m.value,
+                m.is_json,
+                m.client_id,
+                m.delay_ms,
+                m.deliver_at_ms,
+                m.delay_level,
+                m.timestamp_ms,
+            )
+            for m in messages
+        ],
+    )
 
 
 def _check_room(count: int, adding: int) -> None:
@@ -261,7 +282,7 @@ def add_messages(
     with transaction.atomic(durable=True):
         row = _locked_open(principal, transaction_id)
         _check_room(row.message_count, len(messages))
-        models.StagedMessage.objects.bulk_create(_staged_rows(row.id, topic, messages))
+        _stage(row.id, topic, messages)
         row.message_count += len(messages)
         row.save(update_fields=["message_count"])
         names = _topics_of([row.id]).get(row.id, [])
@@ -342,20 +363,40 @@ def add_acks(
     return _info(row, names)
 
 
-def _new_message(s: models.StagedMessage) -> NewMessage:
-    return NewMessage(
-        bytes(s.value),
-        s.is_json,
-        s.key,
-        s.tag,
-        s.headers or {},
-        s.partition_number,
-        s.client_id,
-        s.delay_ms,
-        s.deliver_at_ms,
-        s.delay_level,
-        s.timestamp_ms,
-    )
+# Raw SQL on the commit path: model instances for every half message cost more than the
+# append itself (docs/benchmarks.md#transactions). Plain SQL for SQLite and PostgreSQL.
+SELECT_STAGED = (
+    'SELECT topic_id, partition_number, "key", tag, headers, value, is_json, client_id, '
+    "delay_ms, deliver_at_ms, delay_level, timestamp_ms FROM broker_stagedmessage "
+    "WHERE transaction_id = %s ORDER BY id"
+)
+
+
+def _staged(transaction_id: int) -> list[tuple[int, NewMessage]]:
+    """The transaction's half messages in the order added: (topic id, message)."""
+    with connection.cursor() as cursor:
+        cursor.execute(SELECT_STAGED, [transaction_id])
+        rows = cursor.fetchall()
+    staged = []
+    for topic_id, number, key, tag, headers, value, is_json, client_id, *later in rows:
+        if isinstance(headers, str | bytes):
+            headers = orjson.loads(headers)
+        staged.append(
+            (
+                topic_id,
+                NewMessage(
+                    bytes(value),
+                    bool(is_json),
+                    key,
+                    tag,
+                    headers or {},
+                    number,
+                    client_id,
+                    *later,
+                ),
+            )
+        )
+    return staged
 
 
 def _commit_locked(
@@ -367,11 +408,7 @@ def _commit_locked(
     commit can never take effect (a deleted topic, a stale receipt); a BrokerError (a full
     topic) leaves the transaction open.
     """
-    staged = list(
-        models.StagedMessage.objects.filter(transaction_id=row.id)
-        .select_related("topic")
-        .order_by("id")
-    )
+    staged = _staged(row.id)
     offsets = list(
         models.StagedOffset.objects.filter(transaction_id=row.id)
         .select_related("topic")
@@ -383,15 +420,16 @@ def _commit_locked(
             "A topic of the transaction was deleted while it was open.",
             id=row.id,
         )
-    by_topic: dict[int, tuple[models.Topic, list[int]]] = {}
-    for index, s in enumerate(staged):
-        by_topic.setdefault(s.topic_id, (s.topic, []))[1].append(index)
+    topics_by_id = models.Topic.objects.in_bulk({topic_id for topic_id, _ in staged})
+    by_topic: dict[int, list[int]] = {}
+    for index, (topic_id, _) in enumerate(staged):
+        by_topic.setdefault(topic_id, []).append(index)
     results: list[tuple[str, AppendResult] | None] = [None] * len(staged)
     # Topics in id order, each one's partitions in number order (log): one lock order for all.
     for topic_id in sorted(by_topic):
-        topic, indexes = by_topic[topic_id]
+        topic, indexes = topics_by_id[topic_id], by_topic[topic_id]
         keys.require(principal, topic.name, "produce")
-        appended = log.append_in_transaction(topic, [_new_message(staged[i]) for i in indexes])
+        appended = log.append_in_transaction(topic, [staged[i][1] for i in indexes])
         for i, result in zip(indexes, appended, strict=True):
             results[i] = (topic.name, result)
     carried: dict[tuple[str, int], tuple[models.Topic, dict[int, int]]] = {}
@@ -426,7 +464,7 @@ def _commit_locked(
             )
     _end(row, State.COMMITTED, reason, now)
     return TransactionResult(
-        transaction=_info(row, {s.topic.name for s in staged}),
+        transaction=_info(row, {t.name for t in topics_by_id.values()}),
         results=tuple(r for r in results if r is not None),
     )
 
@@ -688,7 +726,7 @@ def stage_outbox(topic_name: str, messages: list[NewMessage]) -> int:
     topic, _ = log.checked_batch(keys.CONSOLE, topic_name, messages)
     with transaction.atomic():
         transaction_id = _current_outbox()
-        models.StagedMessage.objects.bulk_create(_staged_rows(transaction_id, topic, messages))
+        _stage(transaction_id, topic, messages)
         models.Transaction.objects.filter(id=transaction_id).update(
             message_count=F("message_count") + len(messages)
         )
