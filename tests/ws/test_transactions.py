@@ -1,8 +1,11 @@
 """Transaction frames on /ws/v1/: begin, add, commit, rollback (docs/websocket.md#transactions)."""
 
+import asyncio
+
 import pytest
 
-from broker.core import keys, log
+from broker.core import groups, keys, log, transactions
+from broker.core.records import NewMessage
 from tests.ws.test_consumers import make_key, new_topic, recv_type, send, session, sync
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -62,3 +65,38 @@ async def test_transaction_frames__rollback_and_errors():
         await send(ws, {"type": "add", "transaction": 1, "topic": "ledger", "messages": []})
         assert (await recv_type(ws, "error"))["error"]["code"] == "invalid_frame"
     assert await stored("ledger") == []
+
+
+async def commit_fifty(topic):
+    def work():
+        t = transactions.begin_transaction(keys.CONSOLE, "p", 60_000)
+        transactions.add_messages(
+            keys.CONSOLE, t.id, topic, [NewMessage(str(i).encode()) for i in range(50)]
+        )
+        return transactions.commit_transaction(keys.CONSOLE, t.id)
+
+    return await sync(work)
+
+
+async def test_subscriber__gets_a_committed_transaction_whole():
+    await new_topic("whole")
+    secret = await make_key("admin:*")
+    async with session(secret) as ws:
+        await send(ws, {"type": "subscribe", "sub": "s", "topic": "whole", "group": "g"})
+        await recv_type(ws, "subscribed")
+        await asyncio.sleep(0.1)  # the subscriber waits for a wake-up
+        await commit_fifty("whole")
+        frame = await recv_type(ws, "messages")
+        assert [m["value"] for m in frame["items"]] == list(range(50))
+
+
+async def test_long_poll__wakes_on_commit_with_the_whole_transaction():
+    await new_topic("polled")
+    waiting = asyncio.create_task(
+        groups.poll_messages_async(keys.CONSOLE, "g", "polled", 100, True, 5000)
+    )
+    await asyncio.sleep(0.2)
+    assert not waiting.done()
+    await commit_fifty("polled")
+    result = await asyncio.wait_for(waiting, 5)
+    assert [m.offset for m in result.messages] == list(range(50))
