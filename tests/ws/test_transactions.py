@@ -3,10 +3,17 @@
 import asyncio
 
 import pytest
+from channels.db import database_sync_to_async
 
 from broker.core import groups, keys, log, transactions
 from broker.core.records import NewMessage
-from tests.ws.test_consumers import make_key, new_topic, recv_type, send, session, sync
+from tests.ws.test_consumers import make_key, new_topic, recv_type, send, session
+
+
+async def sync(fn, *args):
+    """Run fn on the database thread, closing its connection after (as consumers do)."""
+    return await database_sync_to_async(fn)(*args)
+
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -100,3 +107,4 @@ async def test_long_poll__wakes_on_commit_with_the_whole_transaction():
     await commit_fifty("polled")
     result = await asyncio.wait_for(waiting, 5)
     assert [m.offset for m in result.messages] == list(range(50))
+    await sync(lambda: None)  # the poll's thread hop left a connection open: close it
