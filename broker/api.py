@@ -1127,6 +1127,8 @@ async def begin_transaction(
         body.producer_id,
         body.timeout_ms,
         body.check_url,
+        body.topic,
+        body.to_new_messages(),
     )
     return Status(201, transaction_out(info))
 

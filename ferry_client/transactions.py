@@ -49,18 +49,49 @@ class TransactionInfo:
 
 
 class Transaction:
-    """An open transaction: send, ack, commit_offsets, then commit or rollback (once)."""
+    """A transaction: send, ack, commit_offsets, then commit or rollback (once).
 
-    def __init__(self, client: transport.Transport, info: TransactionInfo) -> None:
+    It begins on the broker with its first call (the first send carries its messages in the
+    begin request: one round trip fewer), and that begin fences the producer id's older one.
+    """
+
+    def __init__(
+        self,
+        client: transport.Transport,
+        producer_id: str,
+        timeout_ms: int,
+        check_url: str | None,
+    ) -> None:
         self._transport = client
-        self.info = info
+        self.producer_id = producer_id
+        self.timeout_ms = timeout_ms
+        self.check_url = check_url
+        self.info: TransactionInfo | None = None
         self.results: list[SendResult] = []
         self._sent: list[tuple[str, Message]] = []
         self.ended = False
 
     @property
     def id(self) -> int:
-        return self.info.id
+        """The transaction's id (begins it on the broker if nothing was sent yet)."""
+        return self._begun().id
+
+    def _begun(self, first: dict[str, Any] | None = None) -> TransactionInfo:
+        if self.info is None:
+            body = self._transport.request(
+                "POST",
+                "/transactions",
+                json={
+                    "producer_id": self.producer_id,
+                    "timeout_ms": self.timeout_ms,
+                    "check_url": self.check_url,
+                    **(first or {}),
+                },
+                # A repeated begin would fence the first: send it once.
+                idempotent=False,
+            )
+            self.info = TransactionInfo.from_wire(body)
+        return self.info
 
     def _path(self, verb: str) -> str:
         return f"/transactions/{self.id}/{verb}"
@@ -85,12 +116,12 @@ class Transaction:
         prepared = [(m if isinstance(m, Message) else Message(m)).with_id() for m in messages]
         if not prepared:
             return
-        # Retrying an add is safe: the ids make a repeated message one message at commit.
-        self._transport.request(
-            "POST",
-            self._path("messages"),
-            json={"topic": topic, "messages": [m.to_wire() for m in prepared]},
-        )
+        body = {"topic": topic, "messages": [m.to_wire() for m in prepared]}
+        if self.info is None:
+            self._begun(body)
+        else:
+            # Retrying an add is safe: the ids make a repeated message one message at commit.
+            self._transport.request("POST", self._path("messages"), json=body)
         self._sent += [(topic, m) for m in prepared]
 
     def ack(self, group: str, receipts: Sequence[str]) -> None:
@@ -113,6 +144,9 @@ class Transaction:
 
     def commit(self) -> list[SendResult]:
         """Make everything visible at once; returns where each message went, in send order."""
+        if self.info is None:
+            self.ended = True  # nothing was sent: nothing to commit
+            return []
         body = self._transport.request("POST", self._path("commit"))
         self.ended = True
         self.info = TransactionInfo.from_wire(body)
@@ -126,6 +160,9 @@ class Transaction:
 
     def rollback(self) -> None:
         """Discard everything this transaction carries."""
+        if self.info is None:
+            self.ended = True
+            return
         body = self._transport.request("POST", self._path("rollback"))
         self.ended = True
         self.info = TransactionInfo.from_wire(body)
@@ -154,19 +191,10 @@ def begin(
     timeout_ms: int = 60_000,
     check_url: str | None = None,
 ) -> Transaction:
-    """Begin a transaction; a newer begin with the same producer_id fences this one."""
-    body = client.request(
-        "POST",
-        "/transactions",
-        json={
-            "producer_id": producer_id or f"ferry-client-{uuid.uuid4().hex[:12]}",
-            "timeout_ms": timeout_ms,
-            "check_url": check_url,
-        },
-        # A repeated begin would fence the first: send it once.
-        idempotent=False,
+    """A transaction for producer_id (default: a random one); it begins with its first call."""
+    return Transaction(
+        client, producer_id or f"ferry-client-{uuid.uuid4().hex[:12]}", timeout_ms, check_url
     )
-    return Transaction(client, TransactionInfo.from_wire(body))
 
 
 @dataclass(frozen=True)

@@ -178,10 +178,25 @@ def _validate_begin(producer_id: str, timeout_ms: int, check_url: str | None) ->
 
 
 def begin_transaction(
-    principal: Principal, producer_id: str, timeout_ms: int, check_url: str | None = None
+    principal: Principal,
+    producer_id: str,
+    timeout_ms: int,
+    check_url: str | None = None,
+    topic_name: str | None = None,
+    messages: list[NewMessage] | None = None,
 ) -> TransactionInfo:
-    """Open a transaction for producer_id at its next epoch; its open older one is fenced."""
+    """Open a transaction for producer_id at its next epoch; its open older one is fenced.
+
+    With topic_name and messages, the first add is made in the same database transaction (one
+    round trip and one commit fewer for a producer that knows its first messages).
+    """
     _validate_begin(producer_id, timeout_ms, check_url)
+    first = None
+    if topic_name is not None or messages:
+        if topic_name is None or not messages:
+            raise errors.InvalidRequest("Give topic and messages together, or neither.")
+        first = log.checked_batch(principal, topic_name, messages)[0]
+        _check_room(0, len(messages))
     actor = keys.actor_name(principal)
     now = log.now_ms()
     with transaction.atomic(durable=True):
@@ -218,7 +233,11 @@ def begin_transaction(
             created_ms=now,
             deadline_ms=now + timeout_ms,
         )
-    return _info(row)
+        if first is not None and messages:
+            _stage(row.id, first, messages)
+            row.message_count = len(messages)
+            row.save(update_fields=["message_count"])
+    return _info(row, [first.name] if first is not None else [])
 
 
 STAGED_COLUMNS = (

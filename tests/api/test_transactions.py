@@ -25,7 +25,7 @@ def add(client, tx, topic, *values):
 
 def fetch(client, topic):
     r = client.get(f"/api/v1/topics/{topic}/partitions/0/messages")
-    return [m["value"] for m in r.json()["messages"]]
+    return [m.get("value") for m in r.json()["messages"]]
 
 
 def test_transactions__begin_add_commit(api_client, topic_factory):
@@ -170,3 +170,14 @@ def test_transactions__offsets_and_acks(api_client, topic_factory, error_of):
 def test_transactions__need_a_key(client, db, path, error_of):
     method, url = path
     assert error_of(getattr(client, method)(url, content_type=JSON))[0] == 401
+
+
+def test_transactions__begin_with_messages(api_client, topic_factory, error_of):
+    a = topic_factory().name
+    r = begin(api_client, topic=a, messages=[{"value": 1}, {"value_b64": "AAE="}])
+    assert (r.status_code, r.json()["messages"], r.json()["topics"]) == (201, 2, [a])
+    assert api_client.post(f"/api/v1/transactions/{r.json()['id']}/commit").status_code == 200
+    assert fetch(api_client, a) == [1, None]
+    bad = begin(api_client, "q", topic=a, messages=[{"value": 1, "value_b64": "AA=="}])
+    assert error_of(bad) == (422, "validation_error")
+    assert error_of(begin(api_client, "q", messages=[{"value": 1}])) == (400, "invalid_request")

@@ -42,6 +42,7 @@ def test_transaction__an_exception_rolls_back(broker_url, secret, topic_factory)
         txn = producer.transaction("svc-1")
         with pytest.raises(Boom):
             failing(txn, a)
+        assert txn.info is not None
         assert txn.info.state == "rolled_back"
     assert values(broker_url, secret, a) == []
 

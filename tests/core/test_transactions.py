@@ -389,3 +389,18 @@ def test_check_transactions__producer_may_still_commit_past_timeout(topic_factor
     transactions.commit_transaction(console, t.id)
     assert stored(console, a) == [1, 2]
     assert transactions.run_checks().checked == 0
+
+
+def test_begin_transaction__with_the_first_messages(topic_factory, console):
+    a = topic_factory(max_message_bytes=10).name
+    t = transactions.begin_transaction(console, "p", 60_000, None, a, msgs(1, 2))
+    assert (t.messages, t.topics) == (2, (a,))
+    with pytest.raises(errors.MessageTooLarge):
+        transactions.begin_transaction(console, "q", 60_000, None, a, msgs("x" * 20))
+    with pytest.raises(errors.InvalidRequest):
+        transactions.begin_transaction(console, "q", 60_000, None, a, [])
+    # A refused begin stores nothing and fences nothing.
+    assert not models.Transaction.objects.filter(producer_id="q").exists()
+    assert stored(console, a) == []
+    transactions.commit_transaction(console, t.id)
+    assert stored(console, a) == [1, 2]
