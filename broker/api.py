@@ -1121,7 +1121,7 @@ async def begin_transaction(
     request: AuthedRequest, body: schemas.TransactionIn
 ) -> Status[dict[str, Any]]:
     # Begin, add and commit are a transactional producer's hot path: database threads, as ack.
-    info = await dbthreads.run(
+    info = await transactions.call_async(
         transactions.begin_transaction,
         request.auth,
         body.producer_id,
@@ -1161,7 +1161,7 @@ async def add_transaction_messages(
     body: schemas.TransactionMessagesIn,
     transaction_id: int = Path(..., ge=1, le=INT64_MAX),
 ) -> dict[str, Any]:
-    info = await dbthreads.run(
+    info = await transactions.call_async(
         transactions.add_messages,
         request.auth,
         transaction_id,
@@ -1206,7 +1206,9 @@ async def commit_transaction(
     transaction_id: int = Path(..., ge=1, le=INT64_MAX),
 ) -> HttpResponse:
     # Rendered directly, as produce's results are: a delayed message's fields only where set.
-    result = await dbthreads.run(transactions.commit_transaction, request.auth, transaction_id)
+    result = await transactions.call_async(
+        transactions.commit_transaction, request.auth, transaction_id
+    )
     return json_response(transaction_result_out(result))
 
 

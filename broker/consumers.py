@@ -520,7 +520,7 @@ class BrokerConsumer(AsyncWebsocketConsumer):
     # Transactions: one core call each, on a database thread; answered in the order received.
 
     async def on_begin(self, frame: frames.BeginFrame) -> None:
-        info = await dbthreads.run(
+        info = await transactions.call_async(
             transactions.begin_transaction,
             self._principal(),
             frame.producer_id,
@@ -530,7 +530,7 @@ class BrokerConsumer(AsyncWebsocketConsumer):
         await self._send_frame({"type": "begun", "ref": frame.ref, "transaction": _txn_out(info)})
 
     async def on_add(self, frame: frames.AddFrame) -> None:
-        info = await dbthreads.run(
+        info = await transactions.call_async(
             transactions.add_messages,
             self._principal(),
             frame.transaction,
@@ -540,7 +540,7 @@ class BrokerConsumer(AsyncWebsocketConsumer):
         await self._send_frame({"type": "added", "ref": frame.ref, "transaction": _txn_out(info)})
 
     async def on_commit(self, frame: frames.CommitFrame) -> None:
-        result = await dbthreads.run(
+        result = await transactions.call_async(
             transactions.commit_transaction, self._principal(), frame.transaction
         )
         await self._send_frame(

@@ -7,14 +7,20 @@ carried group offset commits and acks, in one database transaction, and deletes 
 deletes them. Lock order: producer row → transaction row → topic → partition → group → message.
 """
 
+import asyncio
+import collections
+import functools
 import json
 import logging
 import re
+import threading
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Iterable
-from typing import Any
+import weakref
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 import orjson
 from django.db import IntegrityError, connection, transaction
@@ -22,7 +28,7 @@ from django.db.models import F
 
 from broker import models
 from broker import settings as ferry_settings
-from broker.core import bulk, delivery, errors, groups, inflight, keys, log, membership
+from broker.core import bulk, dbthreads, delivery, errors, groups, inflight, keys, log, membership
 from broker.core.records import (
     AppendResult,
     NewMessage,
@@ -33,6 +39,7 @@ from broker.core.records import (
 )
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 State = models.Transaction.State
 Kind = models.Transaction.Kind
@@ -46,6 +53,99 @@ MAX_CHECK_BACKOFF_MS = 60_000
 CHECK_BATCH = 20
 PURGE_BATCH = 1000
 ANSWERS = ("commit", "rollback", "unknown")
+
+
+# Shared commits (run_shared, call_async): a transactional producer's begin, add and commit
+# are small writes each waiting for the disk; requests that arrive together share one database
+# transaction, each in a savepoint of its own, as produces do (groupcommit.py).
+_shared = threading.local()
+# Operations per shared commit at most.
+MAX_SHARED = 32
+
+
+def _atomic() -> Any:
+    """An operation's transaction: its own (durable), or its savepoint inside run_shared."""
+    if getattr(_shared, "active", False):
+        return transaction.atomic()
+    return transaction.atomic(durable=True)
+
+
+def run_shared(calls: list[Callable[[], Any]]) -> list[Any]:
+    """Run transaction operations in one database transaction, each all or nothing on its own.
+
+    Each outcome is the call's result or the BrokerError that refused it (its savepoint rolled
+    back, the others commit).
+    """
+    outcomes: list[Any] = []
+    _shared.active = True
+    try:
+        with transaction.atomic(durable=True):
+            for call in calls:
+                try:
+                    outcomes.append(call())
+                except errors.BrokerError as exc:
+                    outcomes.append(exc)
+    finally:
+        _shared.active = False
+    return outcomes
+
+
+@dataclass
+class _Queue:
+    waiting: "collections.deque[tuple[Callable[[], Any], asyncio.Future[Any]]]" = field(
+        default_factory=collections.deque
+    )
+    draining: bool = False
+    tasks: set["asyncio.Task[None]"] = field(default_factory=set)
+
+
+_queues: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Queue]" = (
+    weakref.WeakKeyDictionary()
+)
+
+
+async def call_async(fn: Callable[..., T], *args: Any) -> T:
+    """fn(*args) on a database thread, sharing a commit with the calls arriving alongside."""
+    loop = asyncio.get_running_loop()
+    queue = _queues.setdefault(loop, _Queue())
+    future: asyncio.Future[T] = loop.create_future()
+    queue.waiting.append((functools.partial(fn, *args), future))
+    if not queue.draining:
+        queue.draining = True
+        task = loop.create_task(_drain(queue))
+        queue.tasks.add(task)
+        task.add_done_callback(queue.tasks.discard)
+    return await future
+
+
+async def _drain(queue: _Queue) -> None:
+    try:
+        while queue.waiting:
+            group = [queue.waiting.popleft() for _ in range(min(MAX_SHARED, len(queue.waiting)))]
+            try:
+                outcomes = await dbthreads.run(run_shared, [call for call, _ in group])
+            except Exception:
+                # The shared commit failed as a whole (a deadlock between processes on
+                # PostgreSQL, a lost connection): each call again on its own.
+                for call, future in group:
+                    try:
+                        result = await dbthreads.run(call)
+                    except Exception as exc:
+                        if not future.done():
+                            future.set_exception(exc)
+                    else:
+                        if not future.done():
+                            future.set_result(result)
+                continue
+            for (_, future), outcome in zip(group, outcomes, strict=True):
+                if future.done():
+                    continue  # the caller went away
+                if isinstance(outcome, errors.BrokerError):
+                    future.set_exception(outcome)
+                else:
+                    future.set_result(outcome)
+    finally:
+        queue.draining = False
 
 
 class _Abort(Exception):
@@ -146,9 +246,13 @@ def _locked_open(principal: Principal, transaction_id: int) -> models.Transactio
 
 def _end(row: models.Transaction, state: str, reason: str, now: int) -> None:
     """Delete what it staged and record how it ended. Caller holds its row lock."""
-    models.StagedMessage.objects.filter(transaction_id=row.id).delete()
-    models.StagedOffset.objects.filter(transaction_id=row.id).delete()
-    models.StagedAck.objects.filter(transaction_id=row.id).delete()
+    # The counts are kept with the rows: a table with none of this transaction's is not asked.
+    if row.message_count:
+        models.StagedMessage.objects.filter(transaction_id=row.id).delete()
+    if row.offset_count:
+        models.StagedOffset.objects.filter(transaction_id=row.id).delete()
+    if row.ack_count:
+        models.StagedAck.objects.filter(transaction_id=row.id).delete()
     row.state = state
     row.reason = reason
     row.ended_ms = now
@@ -199,7 +303,7 @@ def begin_transaction(
         _check_room(0, len(messages))
     actor = keys.actor_name(principal)
     now = log.now_ms()
-    with transaction.atomic(durable=True):
+    with _atomic():
         models.TransactionProducer.objects.bulk_create(
             [models.TransactionProducer(producer_id=producer_id, owner=actor, updated_ms=now)],
             ignore_conflicts=True,
@@ -298,7 +402,7 @@ def add_messages(
     """Stage half messages: checked as a produce checks them, invisible until commit."""
     # Permission, topic, batch size, partitions, sizes and delays: checked before any write.
     topic, _ = log.checked_batch(principal, topic_name, messages)
-    with transaction.atomic(durable=True):
+    with _atomic():
         row = _locked_open(principal, transaction_id)
         _check_room(row.message_count, len(messages))
         _stage(row.id, topic, messages)
@@ -327,7 +431,7 @@ def add_offsets(
             raise errors.OffsetOutOfRange(
                 f"Offset {offset} is negative.", partition=number, offset=offset
             )
-    with transaction.atomic(durable=True):
+    with _atomic():
         row = _locked_open(principal, transaction_id)
         # The last offset carried for a partition wins, as with repeated commits.
         models.StagedOffset.objects.filter(
@@ -367,7 +471,7 @@ def add_acks(
             receipts=malformed[:10],
         )
     unique = list(dict.fromkeys(receipts))
-    with transaction.atomic(durable=True):
+    with _atomic():
         row = _locked_open(principal, transaction_id)
         models.StagedAck.objects.bulk_create(
             [
@@ -428,10 +532,14 @@ def _commit_locked(
     topic) leaves the transaction open.
     """
     staged = _staged(row.id)
-    offsets = list(
-        models.StagedOffset.objects.filter(transaction_id=row.id)
-        .select_related("topic")
-        .order_by("group_name", "topic_id", "partition_number")
+    offsets = (
+        list(
+            models.StagedOffset.objects.filter(transaction_id=row.id)
+            .select_related("topic")
+            .order_by("group_name", "topic_id", "partition_number")
+        )
+        if row.offset_count
+        else []
     )
     if len(staged) != row.message_count or len(offsets) != row.offset_count:
         raise _Abort(
@@ -464,6 +572,8 @@ def _commit_locked(
         models.StagedAck.objects.filter(transaction_id=row.id)
         .order_by("group_name", "id")
         .values_list("group_name", "receipt")
+        if row.ack_count
+        else []
     ):
         acks.setdefault(group_name, []).append(receipt)
     for group_name, receipts in sorted(acks.items()):
@@ -489,7 +599,7 @@ def _commit_locked(
 
 
 def _rollback_aborted(transaction_id: int, abort: _Abort) -> None:
-    with transaction.atomic(durable=True):
+    with _atomic():
         row = models.Transaction.objects.select_for_update().filter(id=transaction_id).first()
         if row is not None and row.state in (State.OPEN, State.PREPARED):
             _end(row, State.ROLLED_BACK, abort.reason, log.now_ms())
@@ -511,7 +621,7 @@ def commit_transaction(principal: Principal, transaction_id: int) -> Transaction
     """
     for attempt in range(_COMMIT_ATTEMPTS):
         try:
-            with transaction.atomic(durable=True):
+            with _atomic():
                 row = _locked(principal, transaction_id)
                 if row.state == State.COMMITTED:
                     return TransactionResult(transaction=_info(row))
@@ -533,7 +643,7 @@ def commit_transaction(principal: Principal, transaction_id: int) -> Transaction
 
 def rollback_transaction(principal: Principal, transaction_id: int) -> TransactionInfo:
     """Discard the half messages, offsets and acks. Rolling back a rolled-back one answers it."""
-    with transaction.atomic(durable=True):
+    with _atomic():
         row = _locked(principal, transaction_id)
         if row.state == State.ROLLED_BACK and row.reason != "fenced":
             return _info(row)

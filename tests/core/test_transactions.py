@@ -404,3 +404,23 @@ def test_begin_transaction__with_the_first_messages(topic_factory, console):
     assert stored(console, a) == []
     transactions.commit_transaction(console, t.id)
     assert stored(console, a) == [1, 2]
+
+
+def test_run_shared__each_call_all_or_nothing_on_its_own(topic_factory, console):
+    a = topic_factory().name
+    full = topic_factory(capacity=1).name
+    good = transactions.begin_transaction(console, "good", 60_000, None, a, msgs(1, 2))
+    bad = transactions.begin_transaction(console, "bad", 60_000, None, full, msgs(1, 2))
+    outcomes = transactions.run_shared(
+        [
+            lambda: transactions.commit_transaction(console, good.id),
+            lambda: transactions.commit_transaction(console, bad.id),
+            lambda: transactions.begin_transaction(console, "next", 60_000, None, a, msgs(3)),
+        ]
+    )
+    assert outcomes[0].transaction.state == "committed"
+    assert isinstance(outcomes[1], errors.TopicFull)
+    assert outcomes[2].messages == 1
+    assert stored(console, a) == [1, 2]
+    assert stored(console, full) == []
+    assert transactions.get_transaction(console, bad.id).state == "open"

@@ -108,3 +108,28 @@ async def test_long_poll__wakes_on_commit_with_the_whole_transaction():
     result = await asyncio.wait_for(waiting, 5)
     assert [m.offset for m in result.messages] == list(range(50))
     await sync(lambda: None)  # the poll's thread hop left a connection open: close it
+
+
+async def test_call_async__concurrent_commits_share_and_stay_whole():
+    await new_topic("shared", partitions=2)
+
+    async def one(n):
+        info = await transactions.call_async(
+            transactions.begin_transaction,
+            keys.CONSOLE,
+            f"shared-{n}",
+            60_000,
+            None,
+            "shared",
+            [NewMessage(f"[{n}, {i}]".encode(), key=str(i)) for i in range(5)],
+        )
+        return await transactions.call_async(transactions.commit_transaction, keys.CONSOLE, info.id)
+
+    results = await asyncio.gather(*(one(n) for n in range(12)))
+    assert all(r.transaction.state == "committed" for r in results)
+    offsets = sorted((r.partition, r.offset) for result in results for _, r in result.results)
+    assert len(set(offsets)) == 60
+    for partition in (0, 1):
+        mine = [o for p, o in offsets if p == partition]
+        assert mine == list(range(len(mine)))
+    await sync(lambda: None)
