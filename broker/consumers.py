@@ -24,7 +24,7 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from pydantic import ValidationError
 from typing_extensions import override
 
-from broker import frames, wire
+from broker import frames, schemas, wire
 from broker import settings as ferry_settings
 from broker.core import (
     dbthreads,
@@ -37,7 +37,14 @@ from broker.core import (
     membership,
     transactions,
 )
-from broker.core.records import AppendResult, Delivery, MemberInfo, Principal, TransactionInfo
+from broker.core.records import (
+    AppendResult,
+    Delivery,
+    MemberInfo,
+    NewMessage,
+    Principal,
+    TransactionInfo,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -526,6 +533,8 @@ class BrokerConsumer(AsyncWebsocketConsumer):
             frame.producer_id,
             frame.timeout_ms,
             frame.check_url,
+            frame.topic,
+            _first_messages(frame),
         )
         await self._send_frame({"type": "begun", "ref": frame.ref, "transaction": _txn_out(info)})
 
@@ -737,6 +746,14 @@ def _append_out(r: AppendResult) -> dict[str, Any]:
         "deliver_at_ms": r.deliver_at_ms,
         "duplicate": r.duplicate,
     }
+
+
+def _first_messages(frame: frames.BeginFrame) -> list[NewMessage]:
+    """A begin frame's messages as the core's; a bad one is an invalid_frame error."""
+    try:
+        return schemas.new_messages(frame.messages or [])
+    except ValueError as exc:
+        raise InvalidFrame(f"Invalid begin frame: {exc}") from None
 
 
 def _txn_out(info: TransactionInfo) -> dict[str, Any]:

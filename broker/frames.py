@@ -4,7 +4,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, TypeAdapter
 
-from broker.schemas import DurationMs, FilterIn, Int64, ProduceIn, Receipt
+from broker.schemas import DurationMs, FilterIn, Int64, MessageIn, ProduceIn, Receipt
 
 SubId = Annotated[str, Field(min_length=1, max_length=100)]
 Receipts = Annotated[list[Receipt], Field(min_length=1, max_length=10_000)]
@@ -101,6 +101,9 @@ class BeginFrame(Frame):
     producer_id: str
     timeout_ms: DurationMs
     check_url: str | None = None
+    # Optional: the first add, made with the begin (REST's POST /transactions takes them too).
+    topic: str | None = None
+    messages: list[MessageIn] | None = None
 
 
 class AddFrame(ProduceIn):

@@ -5,6 +5,10 @@ StagedMessage, a table no reader reads; a commit appends them through the log's 
 (log.append_in_transaction: offsets assigned at commit, dedup, capacity) together with the
 carried group offset commits and acks, in one database transaction, and deletes them; a rollback
 deletes them. Lock order: producer row → transaction row → topic → partition → group → message.
+
+Each public write is one transaction (`_atomic()`: durable), except that calls made through
+call_async may share one, a savepoint each (run_shared), and the outbox's stage_outbox, which
+joins the caller's transaction on purpose.
 """
 
 import asyncio

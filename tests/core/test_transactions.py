@@ -424,3 +424,14 @@ def test_run_shared__each_call_all_or_nothing_on_its_own(topic_factory, console)
     assert stored(console, a) == [1, 2]
     assert stored(console, full) == []
     assert transactions.get_transaction(console, bad.id).state == "open"
+
+
+def test_commit_transaction__a_failed_append_moves_no_offset(topic_factory, console):
+    src, full = topic_factory().name, topic_factory(capacity=1).name
+    log.append_messages(console, src, msgs(1, 2))
+    t = transactions.begin_transaction(console, "p", 60_000, None, full, msgs("a", "b"))
+    transactions.add_offsets(console, t.id, "g", src, {0: 2})
+    with pytest.raises(errors.TopicFull):
+        transactions.commit_transaction(console, t.id)
+    # Consume-transform-produce failed midway: the group still reads from the start.
+    assert len(groups.poll_messages(console, "g", src, 10, False).messages) == 2

@@ -133,3 +133,37 @@ async def test_call_async__concurrent_commits_share_and_stay_whole():
         mine = [o for p, o in offsets if p == partition]
         assert mine == list(range(len(mine)))
     await sync(lambda: None)
+
+
+async def test_begin_frame__with_the_first_messages():
+    await new_topic("first")
+    secret = await make_key("produce:first")
+    async with session(secret) as ws:
+        await send(
+            ws,
+            {
+                "type": "begin",
+                "producer_id": "w",
+                "timeout_ms": 60000,
+                "topic": "first",
+                "messages": [{"value": 1}],
+            },
+        )
+        begun = await recv_type(ws, "begun")
+        assert begun["transaction"]["messages"] == 1
+        await send(ws, {"type": "commit", "transaction": begun["transaction"]["id"]})
+        await recv_type(ws, "committed")
+        await send(
+            ws,
+            {
+                "type": "begin",
+                "ref": 9,
+                "producer_id": "w",
+                "timeout_ms": 60000,
+                "topic": "first",
+                "messages": [{"value": 1, "value_b64": "AA=="}],
+            },
+        )
+        error = await recv_type(ws, "error")
+        assert (error["ref"], error["error"]["code"]) == (9, "invalid_frame")
+    assert await stored("first") == [b"1"]
