@@ -2,6 +2,7 @@
 stay gapless while transactions and plain produces interleave, on SQLite and PostgreSQL."""
 
 import threading
+import time
 from collections import Counter
 
 import orjson
@@ -11,6 +12,7 @@ from django.db import connections
 from broker import models
 from broker.core import delivery, keys, log, membership, transactions
 from broker.core.records import NewMessage
+from ferry_client import CheckBackServer
 from tests.concurrency.test_offsets import assert_gapless, run_threads
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -127,3 +129,27 @@ def test_commit_transaction__read_process_write_exactly_once(topic_factory):
     ]
     assert sorted(values) == [i * 10 for i in range(90)]
     assert not models.InFlight.objects.exists()
+
+
+def test_run_checks__each_transaction_checked_by_one_runner(topic_factory):
+    """Runners on several threads (or processes) never ask about one transaction twice."""
+    topic = topic_factory().name
+    asked: Counter[int] = Counter()
+    lock = threading.Lock()
+
+    def check(request):
+        with lock:
+            asked[request.transaction_id] += 1
+        time.sleep(0.1)  # a slow callback: the other runners look meanwhile
+        return "unknown"
+
+    with CheckBackServer(check) as server:
+        ids = []
+        for n in range(6):
+            t = transactions.begin_transaction(keys.CONSOLE, f"c{n}", 60_000, server.url)
+            transactions.add_messages(keys.CONSOLE, t.id, topic, [NewMessage(b"1")])
+            ids.append(t.id)
+        models.Transaction.objects.update(deadline_ms=log.now_ms() - 1)
+        run_threads(lambda n: transactions.run_checks(), 3)
+    assert dict(asked) == dict.fromkeys(ids, 1)
+    assert all(transactions.get_transaction(keys.CONSOLE, i).checks == 1 for i in ids)
