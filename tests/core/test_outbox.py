@@ -122,3 +122,17 @@ def test_promote_prepared__a_crash_between_commit_and_promotion_still_publishes(
     assert stored(console, topic) == [0, 1, 2]
     assert transactions.run_checks().promoted == 0
     assert stored(console, topic) == [0, 1, 2]
+
+
+def test_publish_many__one_outbox_transaction(topic_factory, console):
+    topic = topic_factory(partitions=2).name
+    with transaction.atomic():
+        outbox.publish_many(
+            topic, [outbox.message({"n": i}, key="same", headers={"i": str(i)}) for i in range(3)]
+        )
+        outbox.publish(topic, b"\x00", key="same")
+    (row,) = models.Transaction.objects.all()
+    assert (row.state, row.message_count) == ("committed", 4)
+    number = models.Message.objects.filter(partition__topic__name=topic)[0].partition.number
+    values = [m.value for m in log.read_messages(console, topic, number, None, 10).messages]
+    assert values == [b'{"n":0}', b'{"n":1}', b'{"n":2}', b"\x00"]
