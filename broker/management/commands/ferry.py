@@ -40,7 +40,7 @@ NOUNS = (
 class Command(BaseCommand):
     help = (
         "Ferry's console: topics, produce, consume, scheduled (delayed) messages, groups, "
-        "dead letters (dlq), API keys and first-start bootstrap."
+        "dead letters (dlq), transactions, API keys and first-start bootstrap."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
