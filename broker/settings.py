@@ -68,7 +68,7 @@ class Defaults:
     # Background redrives (core/redrives.py): a chunk per job this often, and the rate ceiling.
     REDRIVE_INTERVAL_SECONDS: float = 1.0
     MAX_REDRIVE_RATE_PER_SECOND: int = 10_000
-    # Transactions (core/transactions.py, docs/transactions.md): the longest timeout a begin may
+    # Transactions (core/transactions/, docs/transactions.md): the longest timeout a begin may
     # ask for; how often the check job runs; check-backs of a timed-out transaction: how many
     # unknown or failed answers before it is rolled back, the first retry's wait (doubling up to
     # 60 s) and each callback's own timeout; how long ended transactions stay listed.
