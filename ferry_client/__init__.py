@@ -11,6 +11,7 @@ from ferry_client.producer_async import AsyncProducer
 from ferry_client.reader import ArrowPage, FetchPage, PartitionOffsets, Reader
 from ferry_client.records import Delivery, Message, SendHooks, SendResult
 from ferry_client.transactions import (
+    AsyncTransaction,
     CheckBackServer,
     CheckRequest,
     LocalTransactions,
@@ -25,6 +26,7 @@ __all__ = [
     "ArrowPage",
     "AsyncConsumer",
     "AsyncProducer",
+    "AsyncTransaction",
     "BrokerUnavailable",
     "CheckBackServer",
     "CheckRequest",

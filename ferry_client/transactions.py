@@ -48,6 +48,91 @@ class TransactionInfo:
         )
 
 
+class _Steps:
+    """What both transaction shells share: the requests, as exchanges either transport runs."""
+
+    def __init__(self, producer_id: str, timeout_ms: int, check_url: str | None) -> None:
+        self.producer_id = producer_id
+        self.timeout_ms = timeout_ms
+        self.check_url = check_url
+        self.info: TransactionInfo | None = None
+        self.results: list[SendResult] = []
+        self.sent: list[tuple[str, Message]] = []
+        self.ended = False
+
+    def path(self, verb: str) -> str:
+        assert self.info is not None  # noqa: S101 (every caller began first)
+        return f"/transactions/{self.info.id}/{verb}"
+
+    def begin(self, first: dict[str, Any] | None = None) -> transport.Exchange[TransactionInfo]:
+        if self.info is None:
+            body = yield transport.Request(
+                "POST",
+                "/transactions",
+                json={
+                    "producer_id": self.producer_id,
+                    "timeout_ms": self.timeout_ms,
+                    "check_url": self.check_url,
+                    **(first or {}),
+                },
+                # A repeated begin would fence the first: send it once.
+                idempotent=False,
+            )
+            self.info = TransactionInfo.from_wire(body)
+        return self.info
+
+    def send(self, topic: str, messages: Iterable[Message | Value]) -> transport.Exchange[None]:
+        prepared = [(m if isinstance(m, Message) else Message(m)).with_id() for m in messages]
+        if not prepared:
+            return
+        body = {"topic": topic, "messages": [m.to_wire() for m in prepared]}
+        if self.info is None:
+            yield from self.begin(body)
+        else:
+            # Retrying an add is safe: the ids make a repeated message one message at commit.
+            yield transport.Request("POST", self.path("messages"), json=body)
+        self.sent += [(topic, m) for m in prepared]
+
+    def carry(self, verb: str, body: dict[str, Any]) -> transport.Exchange[None]:
+        yield from self.begin()
+        yield transport.Request("POST", self.path(verb), json=body)
+
+    def commit(self) -> transport.Exchange[list[SendResult]]:
+        if self.info is None:
+            self.ended = True  # nothing was sent: nothing to commit
+            return []
+        body = yield transport.Request("POST", self.path("commit"))
+        self.ended = True
+        self.info = TransactionInfo.from_wire(body)
+        results = body.get("results") or []
+        if len(results) == len(self.sent):
+            self.results = [
+                SendResult.from_wire(topic, message, result)
+                for (topic, message), result in zip(self.sent, results, strict=True)
+            ]
+        return self.results
+
+    def rollback(self) -> transport.Exchange[None]:
+        if self.info is None:
+            self.ended = True
+            return
+        body = yield transport.Request("POST", self.path("rollback"))
+        self.ended = True
+        self.info = TransactionInfo.from_wire(body)
+
+
+def _acks(group: str, receipts: Sequence[str]) -> dict[str, Any]:
+    return {"group": group, "receipts": list(receipts)}
+
+
+def _offsets(group: str, topic: str, offsets: Mapping[int, int]) -> dict[str, Any]:
+    return {
+        "group": group,
+        "topic": topic,
+        "offsets": [{"partition": p, "offset": o} for p, o in sorted(offsets.items())],
+    }
+
+
 class Transaction:
     """A transaction: send, ack, commit_offsets, then commit or rollback (once).
 
@@ -63,38 +148,24 @@ class Transaction:
         check_url: str | None,
     ) -> None:
         self._transport = client
-        self.producer_id = producer_id
-        self.timeout_ms = timeout_ms
-        self.check_url = check_url
-        self.info: TransactionInfo | None = None
-        self.results: list[SendResult] = []
-        self._sent: list[tuple[str, Message]] = []
-        self.ended = False
+        self._steps = _Steps(producer_id, timeout_ms, check_url)
+
+    @property
+    def info(self) -> TransactionInfo | None:
+        return self._steps.info
+
+    @property
+    def results(self) -> list[SendResult]:
+        return self._steps.results
+
+    @property
+    def ended(self) -> bool:
+        return self._steps.ended
 
     @property
     def id(self) -> int:
         """The transaction's id (begins it on the broker if nothing was sent yet)."""
-        return self._begun().id
-
-    def _begun(self, first: dict[str, Any] | None = None) -> TransactionInfo:
-        if self.info is None:
-            body = self._transport.request(
-                "POST",
-                "/transactions",
-                json={
-                    "producer_id": self.producer_id,
-                    "timeout_ms": self.timeout_ms,
-                    "check_url": self.check_url,
-                    **(first or {}),
-                },
-                # A repeated begin would fence the first: send it once.
-                idempotent=False,
-            )
-            self.info = TransactionInfo.from_wire(body)
-        return self.info
-
-    def _path(self, verb: str) -> str:
-        return f"/transactions/{self.id}/{verb}"
+        return self._transport.run(self._steps.begin()).id
 
     def send(
         self,
@@ -113,59 +184,23 @@ class Transaction:
 
     def send_batch(self, topic: str, messages: Iterable[Message | Value]) -> None:
         """Add half messages to one topic in one call (each gets a client id first)."""
-        prepared = [(m if isinstance(m, Message) else Message(m)).with_id() for m in messages]
-        if not prepared:
-            return
-        body = {"topic": topic, "messages": [m.to_wire() for m in prepared]}
-        if self.info is None:
-            self._begun(body)
-        else:
-            # Retrying an add is safe: the ids make a repeated message one message at commit.
-            self._transport.request("POST", self._path("messages"), json=body)
-        self._sent += [(topic, m) for m in prepared]
+        self._transport.run(self._steps.send(topic, messages))
 
     def ack(self, group: str, receipts: Sequence[str]) -> None:
         """Carry acks of deliveries (a consumer's receipts): settled when this commits."""
-        self._transport.request(
-            "POST", self._path("acks"), json={"group": group, "receipts": list(receipts)}
-        )
+        self._transport.run(self._steps.carry("acks", _acks(group, receipts)))
 
     def commit_offsets(self, group: str, topic: str, offsets: Mapping[int, int]) -> None:
         """Carry a group's offset commit (partition -> next offset): applied when this commits."""
-        self._transport.request(
-            "POST",
-            self._path("offsets"),
-            json={
-                "group": group,
-                "topic": topic,
-                "offsets": [{"partition": p, "offset": o} for p, o in sorted(offsets.items())],
-            },
-        )
+        self._transport.run(self._steps.carry("offsets", _offsets(group, topic, offsets)))
 
     def commit(self) -> list[SendResult]:
         """Make everything visible at once; returns where each message went, in send order."""
-        if self.info is None:
-            self.ended = True  # nothing was sent: nothing to commit
-            return []
-        body = self._transport.request("POST", self._path("commit"))
-        self.ended = True
-        self.info = TransactionInfo.from_wire(body)
-        results = body.get("results") or []
-        if len(results) == len(self._sent):
-            self.results = [
-                SendResult.from_wire(topic, message, result)
-                for (topic, message), result in zip(self._sent, results, strict=True)
-            ]
-        return self.results
+        return self._transport.run(self._steps.commit())
 
     def rollback(self) -> None:
         """Discard everything this transaction carries."""
-        if self.info is None:
-            self.ended = True
-            return
-        body = self._transport.request("POST", self._path("rollback"))
-        self.ended = True
-        self.info = TransactionInfo.from_wire(body)
+        self._transport.run(self._steps.rollback())
 
     def __enter__(self) -> "Transaction":
         return self
@@ -184,6 +219,77 @@ class Transaction:
             self.rollback()
 
 
+class AsyncTransaction:
+    """Transaction for asyncio (AsyncProducer.transaction): `async with`, awaited calls."""
+
+    def __init__(
+        self,
+        client: transport.AsyncTransport,
+        producer_id: str,
+        timeout_ms: int,
+        check_url: str | None,
+    ) -> None:
+        self._transport = client
+        self._steps = _Steps(producer_id, timeout_ms, check_url)
+
+    @property
+    def info(self) -> TransactionInfo | None:
+        return self._steps.info
+
+    @property
+    def results(self) -> list[SendResult]:
+        return self._steps.results
+
+    async def begin(self) -> int:
+        """Begin it on the broker now (else its first call does); returns its id."""
+        return (await self._transport.run(self._steps.begin())).id
+
+    async def send(
+        self,
+        topic: str,
+        value: Value,
+        *,
+        key: str | None = None,
+        tag: str | None = None,
+        headers: Mapping[str, str] | None = None,
+        partition: int | None = None,
+        id: str | None = None,
+    ) -> None:
+        message = Message(value, key, tag, dict(headers or {}), partition, id)
+        await self.send_batch(topic, [message])
+
+    async def send_batch(self, topic: str, messages: Iterable[Message | Value]) -> None:
+        await self._transport.run(self._steps.send(topic, messages))
+
+    async def ack(self, group: str, receipts: Sequence[str]) -> None:
+        await self._transport.run(self._steps.carry("acks", _acks(group, receipts)))
+
+    async def commit_offsets(self, group: str, topic: str, offsets: Mapping[int, int]) -> None:
+        await self._transport.run(self._steps.carry("offsets", _offsets(group, topic, offsets)))
+
+    async def commit(self) -> list[SendResult]:
+        return await self._transport.run(self._steps.commit())
+
+    async def rollback(self) -> None:
+        await self._transport.run(self._steps.rollback())
+
+    async def __aenter__(self) -> "AsyncTransaction":
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._steps.ended:
+            return
+        if exc_type is None:
+            await self.commit()
+        else:
+            await self.rollback()
+
+
 def begin(
     client: transport.Transport,
     producer_id: str | None = None,
@@ -192,9 +298,11 @@ def begin(
     check_url: str | None = None,
 ) -> Transaction:
     """A transaction for producer_id (default: a random one); it begins with its first call."""
-    return Transaction(
-        client, producer_id or f"ferry-client-{uuid.uuid4().hex[:12]}", timeout_ms, check_url
-    )
+    return Transaction(client, producer_id or random_producer_id(), timeout_ms, check_url)
+
+
+def random_producer_id() -> str:
+    return f"ferry-client-{uuid.uuid4().hex[:12]}"
 
 
 @dataclass(frozen=True)

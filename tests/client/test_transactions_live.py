@@ -1,10 +1,12 @@
 """Transactions through ferry_client against a real Daphne: the with block, check-back."""
 
+import asyncio
+
 import pytest
 
 from broker import models
 from broker.core import log, transactions
-from ferry_client import CheckBackServer, FerryError, Producer, Reader
+from ferry_client import AsyncProducer, CheckBackServer, FerryError, Producer, Reader
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
@@ -84,3 +86,29 @@ def test_local_transactions__check_back_decides_after_a_crash(broker_url, secret
         done = transactions.run_checks()
     assert (done.committed, done.rolled_back) == (1, 1)
     assert values(broker_url, secret, a) == ["paid", "recovered"]
+
+
+def test_async_transaction__commit_and_rollback(broker_url, secret, topic_factory):
+    a = topic_factory().name
+
+    async def main():
+        async with AsyncProducer(broker_url, secret) as producer:
+            async with producer.transaction("async-1") as txn:
+                await txn.send(a, 1)
+                await txn.send_batch(a, [2, 3])
+            doomed = producer.transaction("async-1")
+            with pytest.raises(Boom):
+                await failing_async(doomed, a)
+            return txn, doomed
+
+    txn, doomed = asyncio.run(main())
+    assert [r.offset for r in txn.results] == [0, 1, 2]
+    assert doomed.info is not None
+    assert doomed.info.state == "rolled_back"
+    assert values(broker_url, secret, a) == [1, 2, 3]
+
+
+async def failing_async(txn, topic):
+    async with txn:
+        await txn.send(topic, "lost")
+        raise Boom
