@@ -37,6 +37,7 @@ from broker.core import (
     scheduling,
     topics,
     trace,
+    transactions,
 )
 from broker.core.records import (
     Actor,
@@ -51,6 +52,8 @@ from broker.core.records import (
     RedriveJobInfo,
     SettleResult,
     TopicInfo,
+    TransactionInfo,
+    TransactionResult,
 )
 
 logger = logging.getLogger(__name__)
@@ -72,6 +75,10 @@ STATUS_BY_CODE = {
     "member_not_found": 404,
     "dead_letter_not_found": 404,
     "redrive_job_not_found": 404,
+    "transaction_not_found": 404,
+    "fenced": 409,
+    "transaction_not_open": 409,
+    "transaction_aborted": 409,
     "stale_generation": 409,
     "group_has_members": 409,
     "member_id_taken": 409,
@@ -1180,3 +1187,134 @@ def list_audit(
         limit=limit,
     )
     return {"items": [audit_out(e) for e in page.items], "next_before_id": page.next_before_id}
+
+
+def transaction_out(info: TransactionInfo) -> dict[str, Any]:
+    body = dataclasses.asdict(info)
+    body["topics"] = list(info.topics)
+    body["check_url"] = info.check_url or None
+    return body
+
+
+def transaction_result_out(result: TransactionResult) -> dict[str, Any]:
+    body = transaction_out(result.transaction)
+    body["results"] = [{"topic": topic, **wire_append(r)} for topic, r in result.results]
+    return body
+
+
+def wire_append(r: Any) -> dict[str, Any]:
+    if r.partition is not None:
+        return {"partition": r.partition, "offset": r.offset, "duplicate": r.duplicate}
+    return {
+        "scheduled_id": r.scheduled_id,
+        "deliver_at_ms": r.deliver_at_ms,
+        "duplicate": r.duplicate,
+    }
+
+
+@api.post("/transactions", response={201: schemas.TransactionOut}, tags=["transactions"])
+async def begin_transaction(
+    request: AuthedRequest, body: schemas.TransactionIn
+) -> Status[dict[str, Any]]:
+    # Begin, add and commit are a transactional producer's hot path: database threads, as ack.
+    info = await transactions.call_async(
+        transactions.begin_transaction,
+        request.auth,
+        body.producer_id,
+        body.timeout_ms,
+        body.check_url,
+        body.topic,
+        body.to_new_messages(),
+    )
+    return Status(201, transaction_out(info))
+
+
+@api.get("/transactions", response=list[schemas.TransactionOut], tags=["transactions"])
+def list_transactions(
+    request: AuthedRequest,
+    state: str | None = None,
+    producer_id: str | None = None,
+    limit: int = Query(100, ge=1, le=1000),
+) -> list[dict[str, Any]]:
+    found = transactions.list_transactions(request.auth, state, producer_id, limit)
+    return [transaction_out(t) for t in found]
+
+
+@api.get("/transactions/{transaction_id}", response=schemas.TransactionOut, tags=["transactions"])
+def get_transaction(
+    request: AuthedRequest, transaction_id: int = Path(..., ge=1, le=INT64_MAX)
+) -> dict[str, Any]:
+    return transaction_out(transactions.get_transaction(request.auth, transaction_id))
+
+
+@api.post(
+    "/transactions/{transaction_id}/messages",
+    response=schemas.TransactionOut,
+    tags=["transactions"],
+)
+async def add_transaction_messages(
+    request: AuthedRequest,
+    body: schemas.TransactionMessagesIn,
+    transaction_id: int = Path(..., ge=1, le=INT64_MAX),
+) -> dict[str, Any]:
+    info = await transactions.call_async(
+        transactions.add_messages,
+        request.auth,
+        transaction_id,
+        body.topic,
+        body.to_new_messages(),
+    )
+    return transaction_out(info)
+
+
+@api.post(
+    "/transactions/{transaction_id}/offsets", response=schemas.TransactionOut, tags=["transactions"]
+)
+def add_transaction_offsets(
+    request: AuthedRequest,
+    body: schemas.TransactionOffsetsIn,
+    transaction_id: int = Path(..., ge=1, le=INT64_MAX),
+) -> dict[str, Any]:
+    offsets = {o.partition: o.offset for o in body.offsets}
+    info = transactions.add_offsets(request.auth, transaction_id, body.group, body.topic, offsets)
+    return transaction_out(info)
+
+
+@api.post(
+    "/transactions/{transaction_id}/acks", response=schemas.TransactionOut, tags=["transactions"]
+)
+def add_transaction_acks(
+    request: AuthedRequest,
+    body: schemas.TransactionAcksIn,
+    transaction_id: int = Path(..., ge=1, le=INT64_MAX),
+) -> dict[str, Any]:
+    info = transactions.add_acks(request.auth, transaction_id, body.group, body.receipts)
+    return transaction_out(info)
+
+
+@api.post(
+    "/transactions/{transaction_id}/commit",
+    response=schemas.TransactionCommitOut,
+    tags=["transactions"],
+)
+async def commit_transaction(
+    request: AuthedRequest,
+    transaction_id: int = Path(..., ge=1, le=INT64_MAX),
+) -> HttpResponse:
+    # Rendered directly, as produce's results are: a delayed message's fields only where set.
+    result = await transactions.call_async(
+        transactions.commit_transaction, request.auth, transaction_id
+    )
+    return json_response(transaction_result_out(result))
+
+
+@api.post(
+    "/transactions/{transaction_id}/rollback",
+    response=schemas.TransactionOut,
+    tags=["transactions"],
+)
+def rollback_transaction(
+    request: AuthedRequest,
+    transaction_id: int = Path(..., ge=1, le=INT64_MAX),
+) -> dict[str, Any]:
+    return transaction_out(transactions.rollback_transaction(request.auth, transaction_id))

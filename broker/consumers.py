@@ -8,6 +8,7 @@ when messages are appended or come back for redelivery.
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import logging
 import sys
@@ -26,7 +27,7 @@ from channels.utils import await_many_dispatch
 from pydantic import ValidationError
 from typing_extensions import override
 
-from broker import frames, wire
+from broker import frames, schemas, wire
 from broker import settings as ferry_settings
 from broker.core import (
     dbthreads,
@@ -38,8 +39,16 @@ from broker.core import (
     log,
     membership,
     outages,
+    transactions,
 )
-from broker.core.records import AppendResult, Delivery, MemberInfo, Principal
+from broker.core.records import (
+    AppendResult,
+    Delivery,
+    MemberInfo,
+    NewMessage,
+    Principal,
+    TransactionInfo,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -581,6 +590,51 @@ class BrokerConsumer(AsyncWebsocketConsumer):
             {"type": "published", "ref": frame.ref, "results": [_append_out(r) for r in results]}
         )
 
+    # Transactions: one core call each, on a database thread; answered in the order received.
+
+    async def on_begin(self, frame: frames.BeginFrame) -> None:
+        info = await transactions.call_async(
+            transactions.begin_transaction,
+            self._principal(),
+            frame.producer_id,
+            frame.timeout_ms,
+            frame.check_url,
+            frame.topic,
+            _first_messages(frame),
+        )
+        await self._send_frame({"type": "begun", "ref": frame.ref, "transaction": _txn_out(info)})
+
+    async def on_add(self, frame: frames.AddFrame) -> None:
+        info = await transactions.call_async(
+            transactions.add_messages,
+            self._principal(),
+            frame.transaction,
+            frame.topic,
+            frame.to_new_messages(),
+        )
+        await self._send_frame({"type": "added", "ref": frame.ref, "transaction": _txn_out(info)})
+
+    async def on_commit(self, frame: frames.CommitFrame) -> None:
+        result = await transactions.call_async(
+            transactions.commit_transaction, self._principal(), frame.transaction
+        )
+        await self._send_frame(
+            {
+                "type": "committed",
+                "ref": frame.ref,
+                "transaction": _txn_out(result.transaction),
+                "results": [{"topic": t, **_append_out(r)} for t, r in result.results],
+            }
+        )
+
+    async def on_rollback(self, frame: frames.RollbackFrame) -> None:
+        info = await dbthreads.run(
+            transactions.rollback_transaction, self._principal(), frame.transaction
+        )
+        await self._send_frame(
+            {"type": "rolled_back", "ref": frame.ref, "transaction": _txn_out(info)}
+        )
+
     def _host(self) -> str:
         """Where this connection comes from, as the members' `host` shows it."""
         client = self.scope.get("client")
@@ -770,6 +824,22 @@ def _append_out(r: AppendResult) -> dict[str, Any]:
     }
 
 
+def _first_messages(frame: frames.BeginFrame) -> list[NewMessage]:
+    """A begin frame's messages as the core's; a bad one is an invalid_frame error."""
+    try:
+        return schemas.new_messages(frame.messages or [])
+    except ValueError as exc:
+        raise InvalidFrame(f"Invalid begin frame: {exc}") from None
+
+
+def _txn_out(info: TransactionInfo) -> dict[str, Any]:
+    """A transaction as REST's TransactionOut has it."""
+    out = dataclasses.asdict(info)
+    out["topics"] = list(info.topics)
+    out["check_url"] = info.check_url or None
+    return out
+
+
 Handler = Callable[[BrokerConsumer, Any], Awaitable[None]]
 HANDLERS: dict[str, Handler] = {
     "auth": BrokerConsumer.on_auth,
@@ -782,5 +852,9 @@ HANDLERS: dict[str, Handler] = {
     "extend": BrokerConsumer.on_extend,
     "credit": BrokerConsumer.on_credit,
     "publish": BrokerConsumer.on_publish,
+    "begin": BrokerConsumer.on_begin,
+    "add": BrokerConsumer.on_add,
+    "commit": BrokerConsumer.on_commit,
+    "rollback": BrokerConsumer.on_rollback,
 }
 assert set(HANDLERS) == frames.TYPES, "every client frame type has one handler"  # noqa: S101

@@ -4,7 +4,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, TypeAdapter
 
-from broker.schemas import DurationMs, FilterIn, Int64, ProduceIn, Receipt
+from broker.schemas import DurationMs, FilterIn, Int64, MessageIn, ProduceIn, Receipt
 
 SubId = Annotated[str, Field(min_length=1, max_length=100)]
 Receipts = Annotated[list[Receipt], Field(min_length=1, max_length=10_000)]
@@ -92,6 +92,39 @@ class PingFrame(Frame):
     type: Literal["ping"]
 
 
+# Transactions (docs/websocket.md#transactions): the REST endpoints' bodies, as frames.
+TransactionId = Annotated[StrictInt, Field(ge=1, le=2**63 - 1)]
+
+
+class BeginFrame(Frame):
+    type: Literal["begin"]
+    producer_id: str
+    timeout_ms: DurationMs
+    check_url: str | None = None
+    # Optional: the first add, made with the begin (REST's POST /transactions takes them too).
+    topic: str | None = None
+    messages: list[MessageIn] | None = None
+
+
+class AddFrame(ProduceIn):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    type: Literal["add"]
+    ref: Ref = None
+    transaction: TransactionId
+    topic: str
+
+
+class CommitFrame(Frame):
+    type: Literal["commit"]
+    transaction: TransactionId
+
+
+class RollbackFrame(Frame):
+    type: Literal["rollback"]
+    transaction: TransactionId
+
+
 ClientFrame = Annotated[
     AuthFrame
     | SubscribeFrame
@@ -102,11 +135,16 @@ ClientFrame = Annotated[
     | ExtendFrame
     | CreditFrame
     | PublishFrame
-    | PingFrame,
+    | PingFrame
+    | BeginFrame
+    | AddFrame
+    | CommitFrame
+    | RollbackFrame,
     Field(discriminator="type"),
 ]
 client_frame = TypeAdapter(ClientFrame)
 TYPES = frozenset(
     {"auth", "subscribe", "unsubscribe", "ack", "nack", "reject", "extend", "credit", "publish"}
     | {"ping"}
+    | {"begin", "add", "commit", "rollback"}
 )

@@ -463,3 +463,135 @@ class RedriveJob(models.Model):
 
     def __str__(self) -> str:
         return f"redrive {self.id} of {self.group.name}"
+
+
+class TransactionProducer(models.Model):
+    """A transactional producer id and its epoch: a newer begin fences the older transaction."""
+
+    producer_id = models.CharField(max_length=200, unique=True)
+    epoch = models.BigIntegerField(default=0)
+    # The actor (keys.actor_name) that first used the id; other keys may not (but admin:*).
+    owner = models.CharField(max_length=200)
+    updated_ms = models.BigIntegerField()
+
+    def __str__(self) -> str:
+        return f"{self.producer_id}@{self.epoch}"
+
+
+class Transaction(models.Model):
+    """A transaction's half messages, offsets and acks wait in the staged tables until it ends.
+
+    docs/transactions.md. Outbox transactions (kind "outbox") are written in the caller's own
+    database transaction in state "prepared" and appended by outbox.promote or the sweeper.
+    """
+
+    class State(models.TextChoices):
+        OPEN = "open"
+        PREPARED = "prepared"  # outbox: the caller's transaction committed; appending follows
+        COMMITTED = "committed"
+        ROLLED_BACK = "rolled_back"
+
+    class Kind(models.TextChoices):
+        PRODUCER = "producer"
+        OUTBOX = "outbox"
+
+    kind = models.CharField(max_length=10, choices=Kind.choices, default=Kind.PRODUCER)
+    producer_id = models.CharField(max_length=200, default="", blank=True)
+    epoch = models.BigIntegerField(default=0)
+    owner = models.CharField(max_length=200, default="", blank=True)
+    owner_key_id = models.BigIntegerField(null=True, blank=True)
+    state = models.CharField(max_length=12, choices=State.choices, default=State.OPEN)
+    # Why it ended this way: "fenced", "timeout", "check_back", "check_back_unknown", ...
+    reason = models.CharField(max_length=40, default="", blank=True)
+    timeout_ms = models.BigIntegerField(default=0)
+    check_url = models.CharField(max_length=2000, default="", blank=True)
+    created_ms = models.BigIntegerField()
+    deadline_ms = models.BigIntegerField()
+    ended_ms = models.BigIntegerField(null=True, blank=True)
+    # Staged counts, kept with the staged rows (a deleted topic's half messages show up here).
+    message_count = models.PositiveIntegerField(default=0)
+    offset_count = models.PositiveIntegerField(default=0)
+    ack_count = models.PositiveIntegerField(default=0)
+    # Check-back: how many were made, when the next is due, who holds it until when, the last.
+    checks = models.PositiveIntegerField(default=0)
+    next_check_ms = models.BigIntegerField(null=True, blank=True)
+    checking_until_ms = models.BigIntegerField(null=True, blank=True)
+    last_check = models.CharField(max_length=500, default="", blank=True)
+
+    class Meta:
+        indexes = [
+            # The check job finds open transactions past their deadline, prepared ones, and
+            # ended ones to purge.
+            models.Index(fields=["state", "deadline_ms"], name="transaction_state_deadline"),
+            models.Index(fields=["producer_id", "state"], name="transaction_producer_state"),
+        ]
+
+    def __str__(self) -> str:
+        return f"transaction {self.id} ({self.state})"
+
+
+class StagedMessage(models.Model):
+    """A half message: stored with its transaction, read by no fetch, poll or push until commit."""
+
+    transaction = models.ForeignKey(Transaction, on_delete=models.CASCADE, related_name="staged")
+    topic = models.ForeignKey(Topic, on_delete=models.CASCADE, related_name="staged")
+    partition_number = models.PositiveIntegerField(null=True, blank=True)
+    key = models.CharField(max_length=1024, null=True, blank=True)
+    tag = models.CharField(max_length=200, null=True, blank=True)
+    headers = models.JSONField(default=dict, blank=True)
+    value = models.BinaryField()
+    is_json = models.BooleanField(default=True)
+    client_id = models.CharField(max_length=200, null=True, blank=True)
+    delay_ms = models.BigIntegerField(null=True, blank=True)
+    deliver_at_ms = models.BigIntegerField(null=True, blank=True)
+    delay_level = models.IntegerField(null=True, blank=True)
+    timestamp_ms = models.BigIntegerField(null=True, blank=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["transaction", "id"], name="staged_transaction_id_idx")]
+
+    def __str__(self) -> str:
+        return f"staged {self.id} of transaction {self.transaction_id}"
+
+
+class StagedOffset(models.Model):
+    """A group offset commit carried by a transaction; the last one per partition wins."""
+
+    transaction = models.ForeignKey(
+        Transaction, on_delete=models.CASCADE, related_name="staged_offsets"
+    )
+    group_name = models.CharField(max_length=200)
+    topic = models.ForeignKey(Topic, on_delete=models.CASCADE, related_name="staged_offsets")
+    partition_number = models.PositiveIntegerField()
+    offset = models.BigIntegerField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["transaction", "group_name", "topic", "partition_number"],
+                name="stagedoffset_uniq",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.group_name} {self.topic_id}[{self.partition_number}] = {self.offset}"
+
+
+class StagedAck(models.Model):
+    """An ack of a delivered message carried by a transaction."""
+
+    transaction = models.ForeignKey(
+        Transaction, on_delete=models.CASCADE, related_name="staged_acks"
+    )
+    group_name = models.CharField(max_length=200)
+    receipt = models.CharField(max_length=40)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["transaction", "group_name", "receipt"], name="stagedack_uniq"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.group_name} {self.receipt}"

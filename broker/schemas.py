@@ -146,6 +146,42 @@ class MessageIn(TypedDict):
     timestamp_ms: NotRequired[Int64 | None]
 
 
+def new_messages(messages: list[MessageIn]) -> list[NewMessage]:
+    """Request messages as the core's: exactly one of value/value_b64, base64 decoded once."""
+    converted = []
+    for index, m in enumerate(messages):
+        value_b64 = m.get("value_b64")
+        if ("value" in m) == (value_b64 is not None):
+            raise ValueError(f"messages.{index}: give exactly one of value or value_b64")
+        if value_b64 is None:
+            try:
+                value, is_json = orjson.dumps(m["value"]), True
+            except orjson.JSONEncodeError as exc:
+                # Nested deeper than the encoder goes (254 levels), or not JSON at all.
+                raise ValueError(f"messages.{index}: value cannot be stored: {exc}") from None
+        else:
+            try:
+                value, is_json = base64.b64decode(value_b64, validate=True), False
+            except binascii.Error as exc:
+                raise ValueError(f"messages.{index}: value_b64 is not base64: {exc}") from None
+        converted.append(
+            NewMessage(
+                value,
+                is_json,
+                m.get("key"),
+                m.get("tag"),
+                m.get("headers") or {},
+                m.get("partition"),
+                m.get("id"),
+                m.get("delay_ms"),
+                m.get("deliver_at_ms"),
+                m.get("level"),
+                m.get("timestamp_ms"),
+            )
+        )
+    return converted
+
+
 class ProduceIn(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
@@ -155,38 +191,7 @@ class ProduceIn(BaseModel):
     @model_validator(mode="after")
     def one_value_each(self) -> "ProduceIn":
         """One pass over the batch: exactly one of value/value_b64, base64 decoded once."""
-        converted = []
-        for index, m in enumerate(self.messages):
-            value_b64 = m.get("value_b64")
-            if ("value" in m) == (value_b64 is not None):
-                raise ValueError(f"messages.{index}: give exactly one of value or value_b64")
-            if value_b64 is None:
-                try:
-                    value, is_json = orjson.dumps(m["value"]), True
-                except orjson.JSONEncodeError as exc:
-                    # Nested deeper than the encoder goes (254 levels), or not JSON at all.
-                    raise ValueError(f"messages.{index}: value cannot be stored: {exc}") from None
-            else:
-                try:
-                    value, is_json = base64.b64decode(value_b64, validate=True), False
-                except binascii.Error as exc:
-                    raise ValueError(f"messages.{index}: value_b64 is not base64: {exc}") from None
-            converted.append(
-                NewMessage(
-                    value,
-                    is_json,
-                    m.get("key"),
-                    m.get("tag"),
-                    m.get("headers") or {},
-                    m.get("partition"),
-                    m.get("id"),
-                    m.get("delay_ms"),
-                    m.get("deliver_at_ms"),
-                    m.get("level"),
-                    m.get("timestamp_ms"),
-                )
-            )
-        self._new_messages = converted
+        self._new_messages = new_messages(self.messages)
         return self
 
     def to_new_messages(self) -> list[NewMessage]:
@@ -737,3 +742,87 @@ class GroupPointOut(Schema):
 class GroupHistoryOut(Schema):
     group: str
     points: list[GroupPointOut]
+
+
+# Transactions (docs/transactions.md).
+
+
+class TransactionIn(In):
+    producer_id: str = Field(
+        examples=["order-service"],
+        description="Names the producer: a newer begin for it fences its open transaction.",
+    )
+    timeout_ms: DurationMs = Field(
+        description="After this the transaction is checked back (check_url) or rolled back."
+    )
+    check_url: str | None = Field(
+        None,
+        description="POSTed to when the transaction times out: answer commit/rollback/unknown.",
+    )
+    topic: str | None = Field(None, description="With messages: the first add, in the begin.")
+    messages: list[MessageIn] | None = Field(
+        None, description="The first half messages (produce's shape), added with the begin."
+    )
+    _new_messages: list[NewMessage] = PrivateAttr(default_factory=list)
+
+    @model_validator(mode="after")
+    def one_value_each(self) -> "TransactionIn":
+        self._new_messages = new_messages(self.messages or [])
+        return self
+
+    def to_new_messages(self) -> list[NewMessage]:
+        return self._new_messages
+
+
+class TransactionMessagesIn(ProduceIn):
+    """Half messages for one topic, in produce's message shape; any number of calls and topics."""
+
+    topic: str
+
+
+class TransactionOffsetsIn(In):
+    group: str
+    topic: str
+    offsets: list[PartitionOffsetIn] = Field(min_length=1)
+
+
+class TransactionAcksIn(In):
+    group: str
+    receipts: Receipts
+
+
+class TransactionOut(Schema):
+    id: int
+    kind: str = Field(description="producer, or outbox (published from inside the project)")
+    producer_id: str
+    epoch: int
+    state: str = Field(description="open, prepared (outbox), committed or rolled_back")
+    reason: str = Field(description="Why it ended so: producer, operator, fenced, timeout, …")
+    owner: str
+    timeout_ms: int
+    check_url: str | None
+    created_ms: int
+    deadline_ms: int
+    ended_ms: int | None
+    messages: int
+    offsets: int
+    acks: int
+    topics: list[str]
+    checks: int
+    next_check_ms: int | None
+    last_check: str
+
+
+class TransactionResultOut(Schema):
+    topic: str
+    partition: int | None = None
+    offset: int | None = None
+    duplicate: bool
+    scheduled_id: int | None = None
+    deliver_at_ms: int | None = None
+
+
+class TransactionCommitOut(TransactionOut):
+    results: list[TransactionResultOut] = Field(
+        description="Where each message went, in the order added (empty on a repeated commit)."
+    )

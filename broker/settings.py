@@ -89,6 +89,16 @@ class Defaults:
     LAYER_PROBE_SECONDS: float = 1.0
     # A 503 `unavailable` (database or disk away) tells the client to retry after this long.
     RETRY_AFTER_SECONDS: int = 1
+    # Transactions (core/transactions/, docs/transactions.md): the longest timeout a begin may
+    # ask for; how often the check job runs; check-backs of a timed-out transaction: how many
+    # unknown or failed answers before it is rolled back, the first retry's wait (doubling up to
+    # 60 s) and each callback's own timeout; how long ended transactions stay listed.
+    MAX_TRANSACTION_TIMEOUT_MS: int = 3600 * 1000
+    TRANSACTION_CHECK_INTERVAL_SECONDS: float = 1.0
+    TRANSACTION_MAX_CHECKS: int = 5
+    TRANSACTION_CHECK_BACKOFF_MS: int = 1000
+    TRANSACTION_CHECK_TIMEOUT_SECONDS: float = 5.0
+    TRANSACTION_RETENTION_SECONDS: int = 7 * 24 * 3600
     # Who may read /metrics: loopback | open | key | basic:<user>:<password> (docs/metrics.md).
     METRICS_AUTH: str = "loopback"
 

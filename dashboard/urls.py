@@ -3,7 +3,17 @@
 from django.urls import path
 
 from dashboard import examples
-from dashboard.views import audit, dead_letters, groups, keys, messages, overview, scheduled, topics
+from dashboard.views import (
+    audit,
+    dead_letters,
+    groups,
+    keys,
+    messages,
+    overview,
+    scheduled,
+    topics,
+    transactions,
+)
 
 app_name = "dashboard"
 urlpatterns = [
@@ -45,6 +55,19 @@ urlpatterns = [
         "scheduled/<int:id>/reschedule/",
         scheduled.scheduled_reschedule,
         name="scheduled-reschedule",
+    ),
+    # Transactions
+    path("transactions/", transactions.transaction_list, name="transactions"),
+    path("transactions/live/", transactions.transaction_live, name="transactions-live"),
+    path(
+        "transactions/<int:id>/commit/",
+        transactions.transaction_commit,
+        name="transaction-commit",
+    ),
+    path(
+        "transactions/<int:id>/rollback/",
+        transactions.transaction_rollback,
+        name="transaction-rollback",
     ),
     # Dead letters and redrives
     path("dead-letters/", dead_letters.dead_letter_list, name="dead-letters"),

@@ -10,6 +10,15 @@ from ferry_client.producer import Producer
 from ferry_client.producer_async import AsyncProducer
 from ferry_client.reader import ArrowPage, FetchPage, PartitionOffsets, Reader
 from ferry_client.records import Delivery, Message, SendHooks, SendResult
+from ferry_client.transactions import (
+    AsyncTransaction,
+    CheckBackServer,
+    CheckRequest,
+    LocalTransactions,
+    ReadProcessWrite,
+    Transaction,
+    check_back_app,
+)
 
 __all__ = [
     "UNSET",
@@ -17,17 +26,24 @@ __all__ = [
     "ArrowPage",
     "AsyncConsumer",
     "AsyncProducer",
+    "AsyncTransaction",
     "BrokerUnavailable",
+    "CheckBackServer",
+    "CheckRequest",
     "Consumer",
     "DeadLetterPage",
     "Delivery",
     "FerryError",
     "FetchPage",
+    "LocalTransactions",
     "Message",
     "PartitionOffsets",
     "Producer",
+    "ReadProcessWrite",
     "Reader",
     "Reject",
     "SendHooks",
     "SendResult",
+    "Transaction",
+    "check_back_app",
 ]

@@ -17,7 +17,7 @@ from typing import Any, Protocol, TypeVar
 
 import httpx
 
-from ferry_client import batching, transport
+from ferry_client import batching, transactions, transport
 from ferry_client.records import Message, SendHooks, SendResult, Value
 
 logger = logging.getLogger(__name__)
@@ -237,6 +237,30 @@ class Producer(transport.Closing):
                 self._thread.start()
             self._cond.notify_all()
         return future
+
+    def transaction(
+        self,
+        producer_id: str | None = None,
+        *,
+        timeout_ms: int = 60_000,
+        check_url: str | None = None,
+    ) -> transactions.Transaction:
+        """Begin a transaction: `with producer.transaction("billing-1") as txn: txn.send(...)`.
+
+        The block's end commits (every message visible at once), an exception rolls back. A
+        newer transaction of the same producer_id fences this one (docs/transactions.md).
+        """
+        return transactions.begin(
+            self._transport, producer_id, timeout_ms=timeout_ms, check_url=check_url
+        )
+
+    def local_transactions(
+        self, producer_id: str, check_url: str, *, timeout_ms: int = 60_000
+    ) -> transactions.LocalTransactions:
+        """RocketMQ's local transaction with check-back (docs/transactions.md#check-back)."""
+        return transactions.LocalTransactions(
+            self._transport, producer_id, check_url, timeout_ms=timeout_ms
+        )
 
     def flush(self, timeout: float | None = None) -> bool:
         """Send everything queued by send_async now; False if `timeout` s passed first."""

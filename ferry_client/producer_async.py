@@ -11,7 +11,7 @@ from types import TracebackType
 
 import httpx
 
-from ferry_client import batching, producer, transport
+from ferry_client import batching, producer, transactions, transport
 from ferry_client.records import Message, SendHooks, SendResult, Value
 
 
@@ -53,6 +53,25 @@ class AsyncProducer:
         self._sending = False
         self._flushing = 0
         self._closed = False
+
+    def transaction(
+        self,
+        producer_id: str | None = None,
+        *,
+        timeout_ms: int = 60_000,
+        check_url: str | None = None,
+    ) -> transactions.AsyncTransaction:
+        """A transaction: `async with producer.transaction("billing-1") as txn: ...`.
+
+        As Producer.transaction: it begins with its first call; the block's end commits, an
+        exception rolls back (docs/transactions.md).
+        """
+        return transactions.AsyncTransaction(
+            self._transport,
+            producer_id or transactions.random_producer_id(),
+            timeout_ms,
+            check_url,
+        )
 
     async def send(
         self,

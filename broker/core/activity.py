@@ -24,7 +24,10 @@ SELECT
   (SELECT COUNT(*) + COALESCE(MAX(id), 0) FROM broker_scheduledmessage),
   (SELECT COALESCE(MAX(id), 0) FROM broker_auditentry),
   (SELECT COALESCE(MAX(updated_ms), 0) FROM broker_redrivejob),
-  (SELECT COUNT(*) + COALESCE(MAX(id), 0) FROM broker_topic)
+  (SELECT COUNT(*) + COALESCE(MAX(id), 0) FROM broker_topic),
+  (SELECT COUNT(*) + COALESCE(SUM(message_count), 0) + COALESCE(SUM(checks), 0)
+     FROM broker_transaction WHERE state = 'open')
+     + (SELECT COALESCE(MAX(id), 0) FROM broker_transaction)
 """
 
 AREAS = (
@@ -37,6 +40,7 @@ AREAS = (
     "audit",
     "redrives",
     "topic_list",
+    "transactions",
 )
 
 

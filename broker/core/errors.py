@@ -202,3 +202,33 @@ class InsufficientStorage(BrokerError):
     """The broker's disk is full; nothing was stored. Retry once an operator has made room."""
 
     code = "insufficient_storage"
+
+
+class TransactionNotFound(BrokerError):
+    """No transaction has that id (or it is not this key's to see)."""
+
+    code = "transaction_not_found"
+    template = "No transaction {id}."
+
+
+class Fenced(BrokerError):
+    """A newer transaction of the same producer id fenced this one; it was rolled back."""
+
+    code = "fenced"
+    template = (
+        "A newer begin of producer {producer_id!r} (epoch {epoch}) fenced this transaction; "
+        "it was rolled back."
+    )
+
+
+class TransactionNotOpen(BrokerError):
+    """The transaction has ended: it can no longer take messages, be committed or rolled back."""
+
+    code = "transaction_not_open"
+    template = "The transaction is {state} ({reason}); it cannot be changed any more."
+
+
+class TransactionAborted(BrokerError):
+    """The commit could not take effect as a whole, so the transaction was rolled back."""
+
+    code = "transaction_aborted"

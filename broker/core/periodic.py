@@ -58,6 +58,11 @@ JOBS: tuple[Job, ...] = (
         "DELETION_INTERVAL_SECONDS",
     ),
     Job("run_redrive_jobs", "broker.core.redrives.run_redrive_jobs", "REDRIVE_INTERVAL_SECONDS"),
+    Job(
+        "check_transactions",
+        "broker.core.transactions.check_transactions",
+        "TRANSACTION_CHECK_INTERVAL_SECONDS",
+    ),
 )
 
 BY_NAME = {job.name: job for job in JOBS}

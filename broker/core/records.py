@@ -619,3 +619,47 @@ class BrokerFigures:
     scheduled: dict[str, int]
     # kind -> processes alive (heartbeat within 30 s)
     processes_alive: dict[str, int]
+
+
+@dataclass(frozen=True)
+class TransactionInfo:
+    """A transaction and what it carries (docs/transactions.md)."""
+
+    id: int
+    kind: str  # "producer" | "outbox"
+    producer_id: str
+    epoch: int
+    state: str  # "open" | "prepared" | "committed" | "rolled_back"
+    reason: str
+    owner: str
+    timeout_ms: int
+    check_url: str
+    created_ms: int
+    deadline_ms: int
+    ended_ms: int | None
+    messages: int
+    offsets: int
+    acks: int
+    checks: int
+    next_check_ms: int | None
+    last_check: str
+    topics: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class TransactionResult:
+    """A commit's answer: the transaction, and where each of its messages went, in add order."""
+
+    transaction: TransactionInfo
+    results: tuple[tuple[str, AppendResult], ...] = ()
+
+
+@dataclass(frozen=True)
+class TransactionCheck:
+    """What one round of transactions.check_transactions did."""
+
+    committed: int = 0
+    rolled_back: int = 0
+    checked: int = 0
+    promoted: int = 0
+    purged: int = 0

@@ -28,6 +28,13 @@ ENDPOINTS = {
     "/api/v1/groups/{group}/dlq/redrive-jobs": {"post"},
     "/api/v1/redrive-jobs/{job_id}": {"get", "delete"},
     "/api/v1/overview": {"get"},
+    "/api/v1/transactions": {"get", "post"},
+    "/api/v1/transactions/{transaction_id}": {"get"},
+    "/api/v1/transactions/{transaction_id}/messages": {"post"},
+    "/api/v1/transactions/{transaction_id}/offsets": {"post"},
+    "/api/v1/transactions/{transaction_id}/acks": {"post"},
+    "/api/v1/transactions/{transaction_id}/commit": {"post"},
+    "/api/v1/transactions/{transaction_id}/rollback": {"post"},
 }
 
 

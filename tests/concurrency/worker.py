@@ -6,6 +6,7 @@ Usage: python -m tests.concurrency.worker produce TOPIC BATCHES BATCH_SIZE [ID_P
        python -m tests.concurrency.worker member TOPIC GROUP MEMBER ROUNDS [batch=N]
                                          [auto_ack=1] [pause_ms=N] [want=N]
        python -m tests.concurrency.worker sweep SECONDS
+       python -m tests.concurrency.worker outbox_crash TOPIC COUNT
 Prints one JSON document with what it stored or received.
 """
 
@@ -109,6 +110,19 @@ def sweep(seconds: float) -> list:
     return handled
 
 
+def outbox_crash(topic: str, count: int) -> None:
+    """Publish through the outbox and die (SIGKILL-like) right after the commit, before the
+    promotion: the process's first on-commit callback exits it."""
+    from django.db import transaction
+
+    from broker import outbox
+
+    with transaction.atomic():
+        transaction.on_commit(lambda: os._exit(9))
+        for i in range(count):
+            outbox.publish(topic, i, key=str(i))
+
+
 def options(pairs: list[str]) -> dict[str, int]:
     return {name: int(value) for name, value in (pair.split("=", 1) for pair in pairs)}
 
@@ -123,6 +137,9 @@ if __name__ == "__main__":
         out = release(int(args[0]), int(args[1]))
     elif command == "sweep":
         out = sweep(float(args[0]))
+    elif command == "outbox_crash":
+        outbox_crash(args[0], int(args[1]))
+        out = []
     else:
         out = poll(args[0], args[1], int(args[2]))
     sys.stdout.write(orjson.dumps(out).decode())

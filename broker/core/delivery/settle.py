@@ -193,36 +193,41 @@ def _trace_each(
 
 def ack_messages(principal: Principal, group_name: str, receipts: list[str]) -> SettleResult:
     """Settle delivered messages for good; the committed offsets move to the lowest unsettled."""
-    now = log.now_ms()
     with bulk.bookkeeping():
-        settling = _Settling(principal, group_name, receipts)
-        whole, partial = [], {}
-        for run, named in settling.runs.items():
-            if len(named) == run.last_offset - run.offset + 1:
-                whole.append(run.id)
-            else:
-                partial[run.id] = {offset for _, offset in named}
-        _delete_in_flight(whole)
-        if partial:
-            inflight._split(list(models.InFlight.objects.filter(id__in=partial)), partial)
-        trace.record(
-            [
-                trace.event(
-                    run.topic_id,
-                    run.partition,
-                    offset,
-                    "acked",
-                    group=group_name,
-                    member_id=run.member_id,
-                    attempt=run.attempt,
-                    at_ms=now,
-                )
-                for run, named in settling.runs.items()
-                if run.trace
-                for _, offset in named
-            ]
-        )
-        inflight.recompute_committed(settling.offsets)
+        return ack_in_transaction(principal, group_name, receipts)
+
+
+def ack_in_transaction(principal: Principal, group_name: str, receipts: list[str]) -> SettleResult:
+    """ack_messages inside the caller's write transaction (transactions.commit_transaction)."""
+    now = log.now_ms()
+    settling = _Settling(principal, group_name, receipts)
+    whole, partial = [], {}
+    for run, named in settling.runs.items():
+        if len(named) == run.last_offset - run.offset + 1:
+            whole.append(run.id)
+        else:
+            partial[run.id] = {offset for _, offset in named}
+    _delete_in_flight(whole)
+    if partial:
+        inflight._split(list(models.InFlight.objects.filter(id__in=partial)), partial)
+    trace.record(
+        [
+            trace.event(
+                run.topic_id,
+                run.partition,
+                offset,
+                "acked",
+                group=group_name,
+                member_id=run.member_id,
+                attempt=run.attempt,
+                at_ms=now,
+            )
+            for run, named in settling.runs.items()
+            if run.trace
+            for _, offset in named
+        ]
+    )
+    inflight.recompute_committed(settling.offsets)
     return SettleResult(settled=settling.count, stale=settling.stale)
 
 

@@ -27,6 +27,7 @@ from broker.core.groups.info import (
 )
 from broker.core.groups.positions import (
     commit_offsets,
+    commit_offsets_in_transaction,
     delete_group,
     ensure_offsets,
     poll_messages,
@@ -41,6 +42,7 @@ __all__ = [
     "RESET_TARGETS",
     "SESSION_TIMEOUT_MS_RANGE",
     "commit_offsets",
+    "commit_offsets_in_transaction",
     "configure_group",
     "delete_group",
     "describe_group",

@@ -247,34 +247,57 @@ def commit_offsets(
                     current_generation=group.generation,
                 )
             held = membership.held_partitions(group, member)
-        # Group offset locks (id order): serialize with pollers and deliveries of this group.
-        rows = {
-            row.partition.number: row
-            for row in models.GroupOffset.objects.select_for_update(no_key=True)
-            .filter(group=group, partition__topic=topic, subscriber="")
-            .select_related("partition")
-            .order_by("id")
-        }
-        for number, offset in sorted(offsets.items()):
-            row = rows.get(number)
-            if row is None:
-                raise errors.PartitionNotFound(topic=topic_name, partition=number)
-            if held is not None and row.partition_id not in held:
-                raise errors.StaleGeneration(
-                    f"Member {member_id!r} does not hold partition {number}.",
-                    partition=number,
-                    current_generation=group.generation,
-                )
-            if not 0 <= offset <= row.partition.next_offset:
-                raise errors.OffsetOutOfRange(
-                    f"Offset {offset} is past the end of partition {number} "
-                    f"({row.partition.next_offset}).",
-                    partition=number,
-                    offset=offset,
-                    end_offset=row.partition.next_offset,
-                )
-            _move(row, offset)
-    return info._group_topic_offsets(group_name, topic, list(rows.values()))
+        rows = _commit_locked(group, topic, offsets, held, member_id)
+    return info._group_topic_offsets(group_name, topic, rows)
+
+
+def commit_offsets_in_transaction(
+    group_name: str, topic: models.Topic, offsets: dict[int, int]
+) -> None:
+    """commit_offsets without a member, checked by the caller (transactions.commit_transaction).
+
+    Caller holds the write transaction and checked the consume permission on the topic.
+    """
+    group = _ensure_offsets(group_name, topic)
+    _commit_locked(group, topic, offsets, None, None)
+
+
+def _commit_locked(
+    group: models.ConsumerGroup,
+    topic: models.Topic,
+    offsets: dict[int, int],
+    held: set[int] | None,
+    member_id: str | None,
+) -> list[models.GroupOffset]:
+    """Lock the group's offset rows of the topic and move them. Caller holds the transaction."""
+    # Group offset locks (id order): serialize with pollers and deliveries of this group.
+    rows = {
+        row.partition.number: row
+        for row in models.GroupOffset.objects.select_for_update(no_key=True)
+        .filter(group=group, partition__topic=topic, subscriber="")
+        .select_related("partition")
+        .order_by("id")
+    }
+    for number, offset in sorted(offsets.items()):
+        row = rows.get(number)
+        if row is None:
+            raise errors.PartitionNotFound(topic=topic.name, partition=number)
+        if held is not None and row.partition_id not in held:
+            raise errors.StaleGeneration(
+                f"Member {member_id!r} does not hold partition {number}.",
+                partition=number,
+                current_generation=group.generation,
+            )
+        if not 0 <= offset <= row.partition.next_offset:
+            raise errors.OffsetOutOfRange(
+                f"Offset {offset} is past the end of partition {number} "
+                f"({row.partition.next_offset}).",
+                partition=number,
+                offset=offset,
+                end_offset=row.partition.next_offset,
+            )
+        _move(row, offset)
+    return list(rows.values())
 
 
 def _move(row: models.GroupOffset, offset: int) -> None:

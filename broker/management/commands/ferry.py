@@ -18,16 +18,29 @@ from broker.cli import (
     remote,
     scheduled,
     topics,
+    transactions,
 )
 from broker.core import errors
 
-NOUNS = (topics, produce, consume, messages, scheduled, groups, dlq, apikey, audit, bootstrap)
+NOUNS = (
+    topics,
+    produce,
+    consume,
+    messages,
+    scheduled,
+    groups,
+    dlq,
+    transactions,
+    apikey,
+    audit,
+    bootstrap,
+)
 
 
 class Command(BaseCommand):
     help = (
         "Ferry's console: topics, produce, consume, scheduled (delayed) messages, groups, "
-        "dead letters (dlq), API keys and first-start bootstrap."
+        "dead letters (dlq), transactions, API keys and first-start bootstrap."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
