@@ -10,6 +10,7 @@ from typing import Any
 import orjson
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
+from django.core.signals import request_started
 from django.http import HttpRequest, HttpResponse
 from ninja import NinjaAPI, Path, Query, Status
 from ninja.errors import AuthenticationError, HttpError, ValidationError
@@ -286,11 +287,20 @@ def on_unexpected_error(request: HttpRequest, exc: Exception) -> HttpResponse:
     logger.warning("%s %s: %s (%s)", request.method, request.path, outage.code, exc)
     if _on_request_thread():
         lost = outages.is_lost_connection(exc)
-        clean = outages.nothing_committed_on_connection()
+        clean = outages.nothing_committed_in_request()
         outages.drop_if_broken()
         if lost and clean and not getattr(request, "ferry_ran_again", False):
             request.ferry_run_again = True  # type: ignore[attr-defined]
     return on_broker_error(request, outage)
+
+
+def _mark_request(sender: Any, **kwargs: Any) -> None:
+    # On the thread sync views run on (signals' sync receivers run there too): what committed
+    # before this request, for on_unexpected_error's run-again decision.
+    outages.mark_request()
+
+
+request_started.connect(_mark_request, dispatch_uid="ferry.api.mark_request")
 
 
 def _on_request_thread() -> bool:

@@ -116,8 +116,6 @@ def _watch_autocommit_writes(
 
 def _watch(sender: Any, connection: BaseDatabaseWrapper, **kwargs: Any) -> None:
     """On each new connection: count what may commit on it (COMMIT sent, autocommit writes)."""
-    # What had committed on the wrapper (which outlives its connections) when this one opened.
-    connection.ferry_commits_at_connect = _commits(connection)  # type: ignore[attr-defined]
     if getattr(connection, "ferry_watched", False):
         return
     connection.ferry_watched = True  # type: ignore[attr-defined]
@@ -139,10 +137,18 @@ def nothing_committed_since(mark: int, conn: BaseDatabaseWrapper | None = None) 
     return _commits(conn or connection) == mark
 
 
-def nothing_committed_on_connection() -> bool:
-    """Whether nothing committed on this thread's connection since it opened (a sync request's
-    own connection: CONN_MAX_AGE is 0 on PostgreSQL)."""
-    return _commits(connection) == getattr(connection, "ferry_commits_at_connect", -1)
+def mark_request() -> None:
+    """Note what had committed on this thread's connection as a sync request begins.
+
+    The API's sync views share one long-lived connection (mqsite/asgi.py), so what committed
+    since it opened is not what this request did.
+    """
+    connection.ferry_commits_at_request = _commits(connection)  # type: ignore[attr-defined]
+
+
+def nothing_committed_in_request() -> bool:
+    """Whether nothing committed on this thread's connection since mark_request()."""
+    return _commits(connection) == getattr(connection, "ferry_commits_at_request", -1)
 
 
 def check_database() -> str:
