@@ -1,16 +1,29 @@
 """Shared fixtures: factories for keys and topics, an authenticated API client, live servers."""
 
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from asgiref.sync import SyncToAsync
+from django.db import connections
 from django.test import Client
 
 from broker.core import keys, topics
 from broker.core.records import Principal, TopicInfo
 
 _names = itertools.count()
+
+
+@pytest.fixture(autouse=True)
+def _close_api_thread_connection() -> Iterator[None]:
+    """Close the connection of asgiref's one sync thread after each test.
+
+    The API's sync views keep it across requests (mqsite/asgi.py); one a test opened, left
+    open, makes PostgreSQL refuse to drop the test database at the end of the run.
+    """
+    yield
+    SyncToAsync.single_thread_executor.submit(connections.close_all).result()
 
 
 @pytest.fixture
