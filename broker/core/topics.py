@@ -418,6 +418,8 @@ def _delete_topic_rows(topic_id: int) -> int:
         (models.PartitionLease, by_partition),
         (models.DeadLetter, by_topic),
         (models.ScheduledMessage, by_topic),
+        (models.StagedMessage, by_topic),
+        (models.StagedOffset, by_topic),
         (models.ProducedId, by_topic),
         (models.TraceEvent, by_topic),
         (models.TopicSample, by_topic),

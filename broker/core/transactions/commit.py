@@ -92,6 +92,16 @@ def commit_locked(
             id=row.id,
         )
     topics_by_id = models.Topic.objects.in_bulk({topic_id for topic_id, _ in staged})
+    # A topic marked for deletion keeps its rows (staged ones too) until the deletion job
+    # reaches them (topics.delete_topic): it is as gone for a commit as for everyone else.
+    if any(t.deleting_since_ms is not None for t in topics_by_id.values()) or any(
+        o.topic.deleting_since_ms is not None for o in offsets
+    ):
+        raise Abort(
+            "topic_deleted",
+            "A topic of the transaction was deleted while it was open.",
+            id=row.id,
+        )
     by_topic: dict[int, list[int]] = {}
     for index, (topic_id, _) in enumerate(staged):
         by_topic.setdefault(topic_id, []).append(index)
