@@ -21,7 +21,7 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.conf import settings  # noqa: E402
 from django.core.handlers.asgi import ASGIHandler  # noqa: E402
 
-from broker import background, consumers, middleware, routing  # noqa: E402
+from broker import background, consumers, middleware, routing, startup  # noqa: E402
 from dashboard import routing as dashboard_routing  # noqa: E402
 from mqsite import serving  # noqa: E402
 
@@ -97,6 +97,10 @@ application = serving.allowed_hosts(
 )
 
 
+# A server starts only on a reachable, migrated database (and Redis when configured): else one
+# line and exit status 1 (docs/operations.md#start-up-checks). Only under Daphne, as the hooks.
+if serving.under_daphne():
+    startup.check_or_exit()
 background.start()
 consumers.hook_daphne()
 serving.hook_daphne()

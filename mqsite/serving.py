@@ -102,6 +102,11 @@ def redact(line: str) -> str:
     return _KEY_IN_URL.sub(lambda m: (m.group(1) or "") + "[redacted]", line)
 
 
+def under_daphne() -> bool:
+    """Whether this process is a Daphne server (its CLI imports daphne.server before the app)."""
+    return "daphne.server" in sys.modules
+
+
 def hook_daphne() -> None:
     """Under Daphne: keys out of the access log, timeouts for clients that stall, no form parsing.
 
@@ -113,7 +118,7 @@ def hook_daphne() -> None:
       client gets 408 and the connection is closed. A client trickling one byte at a time is
       held no longer than that, whatever the idle timeout.
     """
-    if "daphne.server" not in sys.modules:
+    if not under_daphne():
         return
     from daphne import access, http_protocol, server  # type: ignore[import-untyped]
 
