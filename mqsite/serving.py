@@ -103,8 +103,14 @@ def redact(line: str) -> str:
 
 
 def under_daphne() -> bool:
-    """Whether this process is a Daphne server (its CLI imports daphne.server before the app)."""
+    """Whether Daphne's server is loaded (its CLI imports it before the application; the
+    daphne app in INSTALLED_APPS does too, so tests' processes answer yes)."""
     return "daphne.server" in sys.modules
+
+
+def started_by_daphne() -> bool:
+    """Whether this process is a server started by `daphne` (or `python -m daphne`)."""
+    return "daphne.cli" in sys.modules
 
 
 def hook_daphne() -> None:
