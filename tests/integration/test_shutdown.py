@@ -49,10 +49,19 @@ def start_slow_produce(url: str, secret: str, topic: str) -> tuple[socket.socket
     return sock, body[half:]
 
 
-def read_response(sock: socket.socket) -> tuple[int, dict[str, Any]]:
-    response = http.client.HTTPResponse(sock)
-    response.begin()
-    return response.status, orjson.loads(response.read())
+def read_response(reader: Any) -> tuple[int, dict[str, Any]]:
+    """One HTTP/1.1 response from a connection's buffered reader (sock.makefile("rb"))."""
+    status = int(reader.readline().split()[1])
+    headers = http.client.parse_headers(reader)
+    if headers.get("transfer-encoding", "").lower() == "chunked":
+        body = b""
+        while size := int(reader.readline().strip(), 16):
+            body += reader.read(size)
+            reader.readline()
+        reader.readline()
+    else:
+        body = reader.read(int(headers["content-length"]))
+    return status, orjson.loads(body)
 
 
 def refuses_connections(url: str, within_s: float = 5) -> bool:
@@ -81,10 +90,18 @@ def test_shutdown__request_in_flight_finishes_and_new_connections_are_refused(
             server.send_signal(signum)
             assert refuses_connections(url)
             assert server.poll() is None  # still draining: the produce is not done
-            sock.sendall(rest)
-            status, body = read_response(sock)
+            # The rest of its body, and a second request on the same (kept-alive) connection.
+            sock.sendall(rest + b"GET /api/v1/health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            reader = sock.makefile("rb")
+            status, body = read_response(reader)
+            later_status, later = read_response(reader)
+            reader.close()
         assert status == 200, body
         assert body["results"][0]["offset"] == 0
+        # Begun after the signal: refused with the documented body, nothing done.
+        assert later_status == 503, later
+        assert later["error"]["code"] == "unavailable"
+        assert later["error"]["detail"]["shutting_down"] is True
         assert server.wait(timeout=15) == 0
         assert time.monotonic() - started < 5
     finally:
