@@ -161,6 +161,24 @@ def test_shutdown__exits_within_the_timeout(key_factory, topic_factory):
     assert not models.Message.objects.exists()
 
 
+def test_shutdown__a_second_signal_exits_at_once(key_factory, topic_factory):
+    topic = topic_factory().name
+    _, secret = key_factory("admin:*")
+    server, url = start_daphne()
+    try:
+        sock, _rest = start_slow_produce(url, secret, topic)
+        with sock:
+            time.sleep(0.3)
+            server.send_signal(signal.SIGINT)
+            assert refuses_connections(url)  # draining, waiting for the produce's body
+            started = time.monotonic()
+            server.send_signal(signal.SIGINT)  # Ctrl-C twice
+            assert server.wait(timeout=15) != 0
+            assert time.monotonic() - started < 1
+    finally:
+        stop(server)
+
+
 def test_shutdown__websocket_members_leave_and_their_messages_go_to_the_group(
     broker_url, key_factory, topic_factory
 ):
