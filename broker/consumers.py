@@ -166,6 +166,7 @@ def _error(exc: errors.BrokerError, ref: frames.Ref = None, sub: str | None = No
 
 # Open connections, for a graceful shutdown (mqsite/shutdown.py calls close_all).
 _live: "weakref.WeakSet[BrokerConsumer]" = weakref.WeakSet()
+_closing_all = False
 CLOSE_WAIT_S = 2
 # How often an open connection checks that its key still authenticates: a revoked key loses
 # its sockets within this plus FERRY_AUTH_CACHE_SECONDS (docs/websocket.md#close-codes).
@@ -198,7 +199,12 @@ def hook_daphne() -> None:
 
 
 async def close_all(timeout_s: float) -> None:
-    """Close every open connection for a shutdown (close_for_shutdown), within timeout_s."""
+    """Close every open connection for a shutdown (close_for_shutdown), within timeout_s.
+
+    A connection whose handshake was under way meanwhile is closed as it opens (connect).
+    """
+    global _closing_all
+    _closing_all = True
     consumers = list(_live)
     if consumers:
         await asyncio.wait(
@@ -281,6 +287,9 @@ class BrokerConsumer(AsyncWebsocketConsumer):
         events.listen_here()
         _live.add(self)
         await self.accept()
+        if _closing_all:
+            await self.close_for_shutdown()
+            return
         token = _token(self.scope)
         if token is None:
             return
