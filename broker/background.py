@@ -117,3 +117,18 @@ def start() -> bool:
             for runner in _runners:
                 runner.start()
     return True
+
+
+def stop(timeout_s: float) -> None:
+    """Stop this process's runners and heartbeat (a shutdown), waiting at most timeout_s in all.
+
+    A job in the middle of a round finishes it first; the threads are daemons, so one still
+    running at the deadline ends with the process (its open transaction rolls back).
+    """
+    deadline = time.monotonic() + timeout_s
+    with _runners_lock:
+        threads: list[Runner | Heartbeat] = [*_runners, *_heartbeat]
+    for thread in threads:
+        thread._stop.set()
+    for thread in threads:
+        thread._thread.join(max(0.0, deadline - time.monotonic()))

@@ -164,35 +164,15 @@ def _error(exc: errors.BrokerError, ref: frames.Ref = None, sub: str | None = No
     return orjson.dumps(frame)
 
 
-# Open connections, for a graceful shutdown.
+# Open connections, for a graceful shutdown (mqsite/shutdown.py calls close_all).
 _live: "weakref.WeakSet[BrokerConsumer]" = weakref.WeakSet()
-_shutdown_hooked = False
-SHUTDOWN_TIMEOUT_S = 10
+_closing_all = False
 CLOSE_WAIT_S = 2
 # How often an open connection checks that its key still authenticates: a revoked key loses
 # its sockets within this plus FERRY_AUTH_CACHE_SECONDS (docs/websocket.md#close-codes).
 KEY_CHECK_INTERVAL_S = 0.5
 # Publish frames of one connection being committed at once; more wait their turn.
 MAX_PUBLISHES_IN_FLIGHT = 256
-
-
-def _hook_shutdown() -> None:
-    """Under Daphne, tell subscribers and return their messages before the reactor stops.
-
-    Daphne's own "before shutdown" step, which cancels applications, fails with a KeyError in
-    daphne 4.2 and the connections are then dropped unannounced; a trigger of our own runs
-    first and the reactor waits for its Deferred.
-    """
-    global _shutdown_hooked
-    if _shutdown_hooked or "twisted.internet.reactor" not in sys.modules:
-        return
-    _shutdown_hooked = True
-    from twisted.internet import defer, reactor
-
-    def before_shutdown() -> "defer.Deferred[None]":
-        return defer.Deferred.fromFuture(asyncio.ensure_future(_close_all()))
-
-    reactor.addSystemEventTrigger("before", "shutdown", before_shutdown)  # type: ignore[arg-type]
 
 
 def hook_daphne() -> None:
@@ -218,12 +198,18 @@ def hook_daphne() -> None:
     WebSocketProtocol._max_message_size_exceeded = max_message_size_exceeded
 
 
-async def _close_all() -> None:
+async def close_all(timeout_s: float) -> None:
+    """Close every open connection for a shutdown (close_for_shutdown), within timeout_s.
+
+    A connection whose handshake was under way meanwhile is closed as it opens (connect).
+    """
+    global _closing_all
+    _closing_all = True
     consumers = list(_live)
     if consumers:
         await asyncio.wait(
             [asyncio.ensure_future(c.close_for_shutdown()) for c in consumers],
-            timeout=SHUTDOWN_TIMEOUT_S,
+            timeout=max(0.01, timeout_s),
         )
 
 
@@ -299,9 +285,11 @@ class BrokerConsumer(AsyncWebsocketConsumer):
         self.closed = asyncio.Event()
         self.publishing = set()
         events.listen_here()
-        _hook_shutdown()
         _live.add(self)
         await self.accept()
+        if _closing_all:
+            await self.close_for_shutdown()
+            return
         token = _token(self.scope)
         if token is None:
             return

@@ -82,6 +82,9 @@ class Defaults:
     HTTP_IDLE_TIMEOUT_SECONDS: float = 30.0
     HTTP_HEADER_TIMEOUT_SECONDS: float = 10.0
     HTTP_BODY_TIMEOUT_SECONDS: float = 60.0
+    # Shutdown (mqsite/shutdown.py, docs/operations.md#shutdown): on SIGTERM or SIGINT a server
+    # stops accepting, then has this long to finish its requests and close its WebSockets.
+    SHUTDOWN_TIMEOUT_SECONDS: float = 10.0
     # Outages (docs/operations.md): while the channel layer (Redis) is unreachable, waiting
     # polls and pushes re-read the database this often instead of waiting for a wake-up, and the
     # layer is probed this often until it answers again.

@@ -21,9 +21,9 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.conf import settings  # noqa: E402
 from django.core.handlers.asgi import ASGIHandler  # noqa: E402
 
-from broker import background, consumers, middleware, routing  # noqa: E402
+from broker import background, consumers, middleware, routing, startup  # noqa: E402
 from dashboard import routing as dashboard_routing  # noqa: E402
-from mqsite import serving  # noqa: E402
+from mqsite import serving, shutdown  # noqa: E402
 
 API_PREFIX = "/api/v1/"
 # Timing first, so a latency covers the error rendering too (/metrics, docs/metrics.md).
@@ -97,9 +97,15 @@ application = serving.allowed_hosts(
 )
 
 
+# A server starts only on a reachable, migrated database (and Redis when configured): else one
+# line and exit status 1 (docs/operations.md#start-up-checks). Not when a test imports this.
+if serving.started_by_daphne():
+    startup.check_or_exit()
 background.start()
 consumers.hook_daphne()
 serving.hook_daphne()
+# SIGTERM or SIGINT: stop accepting, drain, WebSockets closed with 4503 (docs/operations.md).
+shutdown.hook_daphne()
 
 # The server's long-lived objects (Django, Ninja, pydantic schemas) are moved out of the
 # collector's reach, and young collections run less often: a produce batch allocates thousands

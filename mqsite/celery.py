@@ -3,7 +3,7 @@
 import os
 
 from celery import Celery
-from celery.signals import worker_ready
+from celery.signals import celeryd_init, worker_ready
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "mqsite.settings")
 
@@ -24,6 +24,18 @@ def build_beat_schedule(sender: Celery, **kwargs: object) -> None:
         }
         for job in periodic.JOBS
     }
+
+
+@celeryd_init.connect
+def check_before_starting(**kwargs: object) -> None:
+    """A worker starts only on a reachable, migrated database and a reachable Redis.
+
+    Else one line and exit status 1 (docs/operations.md#start-up-checks), before Celery starts
+    retrying its broker connection for good.
+    """
+    from broker import startup
+
+    startup.check_or_exit()
 
 
 @worker_ready.connect

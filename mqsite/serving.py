@@ -102,6 +102,17 @@ def redact(line: str) -> str:
     return _KEY_IN_URL.sub(lambda m: (m.group(1) or "") + "[redacted]", line)
 
 
+def under_daphne() -> bool:
+    """Whether Daphne's server is loaded (its CLI imports it before the application; the
+    daphne app in INSTALLED_APPS does too, so tests' processes answer yes)."""
+    return "daphne.server" in sys.modules
+
+
+def started_by_daphne() -> bool:
+    """Whether this process is a server started by `daphne` (or `python -m daphne`)."""
+    return "daphne.cli" in sys.modules
+
+
 def hook_daphne() -> None:
     """Under Daphne: keys out of the access log, timeouts for clients that stall, no form parsing.
 
@@ -113,7 +124,7 @@ def hook_daphne() -> None:
       client gets 408 and the connection is closed. A client trickling one byte at a time is
       held no longer than that, whatever the idle timeout.
     """
-    if "daphne.server" not in sys.modules:
+    if not under_daphne():
         return
     from daphne import access, http_protocol, server  # type: ignore[import-untyped]
 

@@ -25,6 +25,8 @@ logger = logging.getLogger(__name__)
 MESSAGES_APPENDED = "ferry.messages_appended"
 # Messages of the topic are deliverable again: retries came due, nacks, redrives, a member left.
 MESSAGES_RETURNED = "ferry.messages_returned"
+# Sent to the channels of this process's waiting long polls when it shuts down (stop_waiting).
+STOP_WAITING = "ferry.stop_waiting"
 
 T = TypeVar("T")
 
@@ -38,6 +40,7 @@ class _ChannelLayer(Protocol):
 
     async def new_channel(self, prefix: str = ...) -> str: ...
     async def receive(self, channel: str) -> dict[str, Any]: ...
+    async def send(self, channel: str, message: dict[str, Any]) -> None: ...
     async def group_add(self, group: str, channel: str) -> None: ...
     async def group_discard(self, group: str, channel: str) -> None: ...
     async def group_send(self, group: str, message: dict[str, Any]) -> None: ...
@@ -81,6 +84,9 @@ _probe: "asyncio.Task[None] | None" = None
 # Layer groups this process's listeners belong to, (group, channel): a restarted Redis has lost
 # them, so they are added again when the layer is back.
 _memberships: set[tuple[str, str]] = set()
+# The channels of this process's waiting long polls, and whether it is shutting down.
+_polls: set[str] = set()
+_stopping = False
 # A layer call that takes longer than this counts as a failure (a hung Redis).
 LAYER_TIMEOUT_S = 2.0
 PROBE_GROUP = "ferry.probe"
@@ -296,12 +302,13 @@ async def long_poll(
     deadline = loop.time() + max_wait_ms / 1000
     group = topic_group(topic_id_of(result))
     channel = await layer.new_channel("ferry.poll.")
+    _polls.add(channel)
     await join(group, channel)
     try:
         while True:
             result = await attempt()
             remaining = deadline - loop.time()
-            if not is_empty(result) or remaining <= 0:
+            if not is_empty(result) or remaining <= 0 or _stopping:
                 return result
             if not layer_up():
                 await asyncio.sleep(min(wakeup_poll_s(), remaining))
@@ -314,8 +321,26 @@ async def long_poll(
                 await _answers()  # down: the loop polls; else only a connection died
                 await asyncio.sleep(min(wakeup_poll_s(), max(0.0, deadline - loop.time())))
     finally:
+        _polls.discard(channel)
         with contextlib.suppress(Exception):
             await leave(group, channel)
+
+
+async def stop_waiting() -> int:
+    """End this process's waiting long polls now, each with what it finds (a shutdown).
+
+    Every long poll waiting or starting to wait from now on answers at once; returns how many
+    were woken.
+    """
+    global _stopping
+    _stopping = True
+    channels = list(_polls)
+    layer = _layer()
+    for channel in channels:
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(LAYER_TIMEOUT_S):
+                await layer.send(channel, {"type": STOP_WAITING})
+    return len(channels)
 
 
 async def check_layer() -> bool:

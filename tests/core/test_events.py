@@ -113,3 +113,28 @@ async def _layer_down_then_back(flaky_layer, caplog):
     layer: Any = channel_layers["default"]
     assert "ferry.poll.listener" in layer.groups["ferry.topic.1"]
     assert "ferry.poll.other" in layer.groups["ferry.topic.2"]
+
+
+async def test_stop_waiting__ends_waiting_long_polls_at_once(monkeypatch):
+    """A shutdown (mqsite/shutdown.py): a waiting long poll answers now with what it finds,
+    and one starting later does not wait."""
+    monkeypatch.setattr(events, "_stopping", False)
+    try:
+        await sync_to_async(topics.create_topic)(keys.CONSOLE, "stopping", 1)
+        started = time.monotonic()
+        poll = asyncio.create_task(
+            log.read_messages_async(keys.CONSOLE, "stopping", 0, 0, 10, 20_000)
+        )
+        while not events._polls:
+            assert time.monotonic() - started < 5
+            await asyncio.sleep(0.01)
+        assert await events.stop_waiting() == 1
+        result = await asyncio.wait_for(poll, 2)
+        assert result.messages == ()
+        result = await asyncio.wait_for(
+            log.read_messages_async(keys.CONSOLE, "stopping", 0, 0, 10, 20_000), 2
+        )
+        assert result.messages == ()
+        assert time.monotonic() - started < 3
+    finally:
+        await close_thread_connection()
