@@ -109,7 +109,12 @@ class Subscription:
     generation: int
     partitions: tuple[int, ...]
     # Messages the server may still push: prefetch, minus pushed, plus settled and granted.
+    # A delivery takes what it may push from here before its database call and gives back
+    # what it did not push, so two deliveries at once (the push task's and an ack's) never
+    # push more than the credit together.
     credit: int
+    # prefetch plus what credit frames granted: pushed and unsettled messages plus credit.
+    window: int
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
     last_beat: float = 0.0
@@ -511,6 +516,7 @@ class BrokerConsumer(AsyncWebsocketConsumer):
             generation=info.generation,
             partitions=info.partitions,
             credit=frame.prefetch,
+            window=frame.prefetch,
             last_beat=asyncio.get_running_loop().time(),
             client=frame.client or "",
         )
@@ -561,7 +567,62 @@ class BrokerConsumer(AsyncWebsocketConsumer):
         )
 
     async def on_ack(self, frame: frames.AckFrame) -> None:
-        await self._settle(frame, "acked", delivery.ack_messages)
+        """Ack, then push the credit the ack freed at once, from the same database call.
+
+        Only when the subscriber is nearly idle: with at most as many messages still unsettled
+        as the ack frees, it waits for the next push. A subscriber with many in hand is busy;
+        its acks only settle, and the push task delivers the credit of several acks at once, in
+        larger frames (as a subscriber that fell behind needs, to catch up).
+        """
+        s = self._sub(frame.sub)
+        free = s.credit + len(frame.receipts)
+        if s.window - free > free:
+            await self._settle(frame, "acked", delivery.ack_messages)
+            return
+        batch = ferry_settings.get("WS_PUSH_BATCH")
+        reserved = min(s.credit, batch)
+        s.credit -= reserved
+        try:
+            result = await dbthreads.run(
+                delivery.ack_and_deliver,
+                self._principal(),
+                s.group,
+                frame.receipts,
+                s.topic,
+                s.member_id,
+                reserved,
+                batch,
+            )
+        except BaseException:
+            s.credit += reserved
+            s.wake.set()
+            raise
+        acked, delivered = result.acked, result.delivered
+        pushed = delivered.deliveries if delivered is not None else ()
+        s.credit += reserved + acked.settled - len(pushed)
+        await self._send_frame(
+            {
+                "type": "acked",
+                "ref": frame.ref,
+                "sub": s.sub,
+                "settled": acked.settled,
+                "stale": list(acked.stale),
+                "dead_lettered": acked.dead_lettered,
+            }
+        )
+        if delivered is None:
+            if s.credit > 0:
+                s.wake.set()  # the push task delivers, or meets what stopped this delivery
+            return
+        s.last_beat = asyncio.get_running_loop().time()
+        if pushed:
+            await self._push(s, pushed)
+        # A wake-up from the layer while this ran waits for this handler (channels dispatches
+        # one message at a time), then finds the credit left. The push task looks again at once
+        # only for a rebalance to learn, or when more may be waiting already.
+        more = len(pushed) >= batch or delivered.filtered or delivered.expired
+        if delivered.generation != s.generation or (s.credit > 0 and more):
+            s.wake.set()
 
     async def on_nack(self, frame: frames.NackFrame) -> None:
         await self._settle(
@@ -577,6 +638,7 @@ class BrokerConsumer(AsyncWebsocketConsumer):
     async def on_credit(self, frame: frames.CreditFrame) -> None:
         s = self._sub(frame.sub)
         s.credit += frame.n
+        s.window += frame.n
         s.wake.set()
         await self._send_frame(
             {"type": "credited", "ref": frame.ref, "sub": s.sub, "credit": s.credit}
@@ -715,6 +777,9 @@ class BrokerConsumer(AsyncWebsocketConsumer):
             interval = ferry_settings.get("HEARTBEAT_INTERVAL_MS") / 1000
             s.wake.clear()
             if s.credit > 0:
+                # Taken before the call, so that an ack's delivery meanwhile cannot use it too.
+                reserved = min(s.credit, batch)
+                s.credit -= reserved
                 try:
                     result = await dbthreads.run(
                         delivery.deliver_messages,
@@ -722,16 +787,20 @@ class BrokerConsumer(AsyncWebsocketConsumer):
                         s.group,
                         s.topic,
                         s.member_id,
-                        min(s.credit, batch),
+                        reserved,
                     )
                 except errors.MemberNotFound:
+                    s.credit += reserved
                     await self._rejoin(s)
                     continue
+                except BaseException:
+                    s.credit += reserved
+                    raise
+                s.credit += reserved - len(result.deliveries)
                 s.last_beat = loop.time()
                 if result.generation != s.generation:
                     await self._heartbeat(s)
                 if result.deliveries:
-                    s.credit -= len(result.deliveries)
                     await self._push(s, result.deliveries)
                     continue
                 if result.filtered or result.expired:

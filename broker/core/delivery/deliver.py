@@ -75,30 +75,40 @@ def deliver_messages(
     membership.validate_group_name(group_name)
     _validate_max_messages(max_messages)
     topic = groups.topic_for_consume(principal, topic_name)
-    now = log.now_ms()
     with bulk.bookkeeping():
-        group, member = membership.touch_member(group_name, member_id, topic.id)
-        broadcast = group.mode == models.ConsumerGroup.Mode.BROADCAST
-        subscriber = member_id if broadcast else ""
-        partition_ids = membership.held_partitions(group, member)
+        return _deliver_in_transaction(topic, group_name, member_id, max_messages, auto_ack)
+
+
+def _deliver_in_transaction(
+    topic: models.Topic, group_name: str, member_id: str, max_messages: int, auto_ack: bool
+) -> DeliveryResult:
+    """deliver_messages, inside the caller's bookkeeping transaction.
+
+    Raises a BrokerError (MemberNotFound, InvalidRequest) only before its first write.
+    """
+    now = log.now_ms()
+    group, member = membership.touch_member(group_name, member_id, topic.id)
+    broadcast = group.mode == models.ConsumerGroup.Mode.BROADCAST
+    subscriber = member_id if broadcast else ""
+    partition_ids = membership.held_partitions(group, member)
+    offsets = inflight.locked_offsets((group.id, pid, subscriber) for pid in partition_ids)
+    if len(offsets) < len(partition_ids):
+        # First delivery from some partition: its offsets start where the group does.
+        groups.ensure_offsets(group, partition_ids, subscriber)
         offsets = inflight.locked_offsets((group.id, pid, subscriber) for pid in partition_ids)
-        if len(offsets) < len(partition_ids):
-            # First delivery from some partition: its offsets start where the group does.
-            groups.ensure_offsets(group, partition_ids, subscriber)
-            offsets = inflight.locked_offsets((group.id, pid, subscriber) for pid in partition_ids)
-        batch = _Batch(group, topic, member, subscriber, now, max_messages, auto_ack)
-        batch.before = {
-            r.partition_id: (r.committed_offset, r.delivered_offset, r.filtered_count)
-            for r in offsets.values()
-        }
-        batch.take_retries(offsets)
-        batch.take_new(offsets)
-        batch.store()
-        batch.save_offsets(offsets)
+    batch = _Batch(group, topic, member, subscriber, now, max_messages, auto_ack)
+    batch.before = {
+        r.partition_id: (r.committed_offset, r.delivered_offset, r.filtered_count)
+        for r in offsets.values()
+    }
+    batch.take_retries(offsets)
+    batch.take_new(offsets)
+    batch.store()
+    batch.save_offsets(offsets)
     return DeliveryResult(
         topic_id=topic.id,
         group=group_name,
-        topic=topic_name,
+        topic=topic.name,
         member_id=member_id,
         generation=group.generation,
         deliveries=tuple(batch.deliveries),
