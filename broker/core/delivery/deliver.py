@@ -48,7 +48,7 @@ def _parse_cached(spec_json: str) -> filters.Filter:
     return filters.parse_filter(orjson.loads(spec_json))
 
 
-def _validate_max_messages(max_messages: int) -> None:
+def validate_max_messages(max_messages: int) -> None:
     limit = ferry_settings.get("MAX_FETCH_MESSAGES")
     if not 1 <= max_messages <= limit:
         raise errors.InvalidRequest(
@@ -73,29 +73,41 @@ def deliver_messages(
     With auto_ack the messages are settled as they are handed out (at most once).
     """
     membership.validate_group_name(group_name)
-    _validate_max_messages(max_messages)
+    validate_max_messages(max_messages)
     topic = groups.topic_for_consume(principal, topic_name)
     with bulk.bookkeeping():
-        return _deliver_in_transaction(topic, group_name, member_id, max_messages, auto_ack)
+        group, member = membership.touch_member(group_name, member_id, topic.id)
+        return deliver_in_transaction(topic, group, member, max_messages, auto_ack=auto_ack)
 
 
-def _deliver_in_transaction(
-    topic: models.Topic, group_name: str, member_id: str, max_messages: int, auto_ack: bool
+def deliver_in_transaction(
+    topic: models.Topic,
+    group: models.ConsumerGroup,
+    member: models.GroupMember,
+    max_messages: int,
+    *,
+    auto_ack: bool = False,
+    locked: dict[inflight.OffsetKey, models.GroupOffset] | None = None,
 ) -> DeliveryResult:
-    """deliver_messages, inside the caller's bookkeeping transaction.
+    """deliver_messages inside the caller's bookkeeping transaction, after touch_member.
 
-    Raises a BrokerError (MemberNotFound, InvalidRequest) only before its first write.
+    locked: offset rows the caller locked in this transaction already (and keeps up to date),
+    read again only when they do not cover the member's partitions.
     """
     now = log.now_ms()
-    group, member = membership.touch_member(group_name, member_id, topic.id)
+    member_id = member.member_id
     broadcast = group.mode == models.ConsumerGroup.Mode.BROADCAST
     subscriber = member_id if broadcast else ""
-    partition_ids = membership.held_partitions(group, member)
-    offsets = inflight.locked_offsets((group.id, pid, subscriber) for pid in partition_ids)
+    partition_ids = membership.held_partitions(group, member, cached=True)
+    wanted = [(group.id, pid, subscriber) for pid in sorted(partition_ids)]
+    if locked is not None and all(key in locked for key in wanted):
+        offsets = {key: locked[key] for key in wanted}
+    else:
+        offsets = inflight.locked_offsets(wanted)
     if len(offsets) < len(partition_ids):
         # First delivery from some partition: its offsets start where the group does.
         groups.ensure_offsets(group, partition_ids, subscriber)
-        offsets = inflight.locked_offsets((group.id, pid, subscriber) for pid in partition_ids)
+        offsets = inflight.locked_offsets(wanted)
     batch = _Batch(group, topic, member, subscriber, now, max_messages, auto_ack)
     batch.before = {
         r.partition_id: (r.committed_offset, r.delivered_offset, r.filtered_count)
@@ -107,7 +119,7 @@ def _deliver_in_transaction(
     batch.save_offsets(offsets)
     return DeliveryResult(
         topic_id=topic.id,
-        group=group_name,
+        group=group.name,
         topic=topic.name,
         member_id=member_id,
         generation=group.generation,

@@ -1,11 +1,15 @@
 """The push path of a subscriber: an ack, then the delivery of the credit it freed, in one call.
 
-See docs/websocket.md#flow-control-credit. A WebSocket subscriber with a small prefetch acks a
-message and waits for the next: settling and delivering in one call on the database thread
-sends the next message right after the `acked` answer, without a second hop to the thread.
+See docs/websocket.md#flow-control-credit and docs/benchmarks.md#the-per-message-path. A
+WebSocket subscriber with a small prefetch acks a message and waits for the next: settling and
+delivering in one call on the database thread sends the next message right after the `acked`
+answer, without a second hop to the thread and a second lookup of the group and the member.
 """
 
-from broker.core import errors
+from django.db import connection
+
+from broker import models
+from broker.core import bulk, errors, groups, inflight, membership
 from broker.core.delivery import deliver, settle
 from broker.core.records import AckAndDelivery, Principal
 
@@ -21,18 +25,53 @@ def ack_and_deliver(
 ) -> AckAndDelivery:
     """Ack the receipts, then deliver to the member up to credit plus what the ack settled.
 
-    Two transactions, each as its own function has it (ack_messages, then deliver_messages), so
-    the locks are taken in the usual order. credit is what the caller may push besides the
-    freed credit; at most max_messages are delivered. The delivery's BrokerError (the member is
-    gone, the topic or its permission went away) does not undo the ack: delivered is then None,
-    and the caller's push task, which meets the same error, handles it.
+    credit is what the caller may push besides the freed credit; at most max_messages are
+    delivered. What stops the delivery (the member is gone, the topic or the key's permission
+    went away) does not undo the ack: delivered is then None, and the caller's push task, which
+    meets the same error, handles it. An error of the ack itself is raised as ack_messages
+    raises it, and then nothing is delivered.
+
+    On SQLite one transaction: the ack reuses the group the member check read and hands its
+    locked offset rows to the delivery. On PostgreSQL two, ack_messages' and then the delivery's:
+    an ack locks the offset rows of its receipts' partitions before the group's, a delivery the
+    group first (docs/architecture.md#locks), and one transaction holding both could deadlock
+    with another ack (SQLite has one writer at a time: no row locks to order).
     """
-    acked = settle.ack_messages(principal, group_name, receipts)
-    room = min(max_messages, credit + acked.settled)
-    if room <= 0:
-        return AckAndDelivery(acked)
+    deliver.validate_max_messages(max_messages)
     try:
-        delivered = deliver.deliver_messages(principal, group_name, topic_name, member_id, room)
+        topic = groups.topic_for_consume(principal, topic_name)
     except errors.BrokerError:
-        return AckAndDelivery(acked)
-    return AckAndDelivery(acked, delivered)
+        return AckAndDelivery(settle.ack_messages(principal, group_name, receipts))
+    if connection.vendor != "sqlite":
+        acked = settle.ack_messages(principal, group_name, receipts)
+        room = min(max_messages, credit + acked.settled)
+        if room <= 0:
+            return AckAndDelivery(acked)
+        with bulk.bookkeeping():
+            found = _member_or_none(group_name, member_id, topic)
+            if found is None:
+                return AckAndDelivery(acked)
+            group, member = found
+            return AckAndDelivery(acked, deliver.deliver_in_transaction(topic, group, member, room))
+    with bulk.bookkeeping():
+        found = _member_or_none(group_name, member_id, topic)
+        locked: dict[inflight.OffsetKey, models.GroupOffset] = {}
+        acked = settle.ack_in_transaction(
+            principal, group_name, receipts, group=found[0] if found else None, locked=locked
+        )
+        room = min(max_messages, credit + acked.settled)
+        if found is None or room <= 0:
+            return AckAndDelivery(acked)
+        group, member = found
+        delivered = deliver.deliver_in_transaction(topic, group, member, room, locked=locked)
+        return AckAndDelivery(acked, delivered)
+
+
+def _member_or_none(
+    group_name: str, member_id: str, topic: models.Topic
+) -> tuple[models.ConsumerGroup, models.GroupMember] | None:
+    """membership.touch_member, or None when it refuses (it refuses before writing anything)."""
+    try:
+        return membership.touch_member(group_name, member_id, topic.id)
+    except errors.BrokerError:
+        return None

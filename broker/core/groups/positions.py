@@ -266,7 +266,7 @@ def _commit_locked(
     group: models.ConsumerGroup,
     topic: models.Topic,
     offsets: dict[int, int],
-    held: set[int] | None,
+    held: frozenset[int] | None,
     member_id: str | None,
 ) -> list[models.GroupOffset]:
     """Lock the group's offset rows of the topic and move them. Caller holds the transaction."""

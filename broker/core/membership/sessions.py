@@ -284,17 +284,40 @@ def touch_member(
     return group, member
 
 
-def held_partitions(group: models.ConsumerGroup, member: models.GroupMember) -> set[int]:
+# What held_partitions read for deliveries, by group (id and creation time), member, topic and
+# generation. Leases change only in rebalancing.rebalance, which bumps the generation under the
+# group lock (and a topic's partitions grow only with a rebalance of its groups), so a committed
+# generation's entry never goes stale: a new generation is a new key. A group deleted and made
+# again has a new id, or (SQLite may reuse the id of rows whose insert rolled back, as tests do)
+# a new creation time.
+_held: dict[tuple[int, object, str, int, int], frozenset[int]] = {}
+HELD_CACHE_MAX = 10_000
+
+
+def held_partitions(
+    group: models.ConsumerGroup, member: models.GroupMember, *, cached: bool = False
+) -> frozenset[int]:
     """Partition ids the member reads: its leases, or in broadcast mode all of its topic's.
 
-    Caller holds the group lock.
+    Caller holds the group lock. cached (every delivery asks): the answer is read once per
+    generation; only for a caller that read the group's generation from the database under
+    the lock, never one whose transaction rebalanced (that generation may roll back).
     """
+    key = (group.id, group.created_at, member.member_id, member.topic_id, group.generation)
+    held = _held.get(key) if cached else None
+    if held is not None:
+        return held
     with connection.cursor() as cursor:
         if group.mode == models.ConsumerGroup.Mode.BROADCAST:
             cursor.execute(SELECT_PARTITIONS, [member.topic_id])
         else:
             cursor.execute(SELECT_LEASES, [group.id, member.member_id])
-        return {pid for (pid,) in cursor.fetchall()}
+        held = frozenset(pid for (pid,) in cursor.fetchall())
+    if cached:
+        if len(_held) >= HELD_CACHE_MAX:
+            _held.clear()
+        _held[key] = held
+    return held
 
 
 def list_members(group: models.ConsumerGroup) -> list[MemberSummary]:
