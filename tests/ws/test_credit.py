@@ -28,7 +28,9 @@ async def test_ack__pushes_the_freed_credit_without_waking_the_push_task(monkeyp
     await new_topic("c1")
     await produce("c1", [0, 1, 2])
     async with session(secret) as ws:
-        await send(ws, {"type": "subscribe", "sub": "s", "topic": "c1", "group": "g", "prefetch": 1})
+        await send(
+            ws, {"type": "subscribe", "sub": "s", "topic": "c1", "group": "g", "prefetch": 1}
+        )
         await recv_type(ws, "subscribed")
         (item,) = (await recv_type(ws, "messages"))["items"]
         assert await ws.receive_nothing(timeout=0.2)
@@ -50,7 +52,9 @@ async def test_ack__a_busy_subscriber_never_gets_more_than_its_credit():
     await new_topic("c2")
     await produce("c2", list(range(12)))
     async with session(secret) as ws:
-        await send(ws, {"type": "subscribe", "sub": "s", "topic": "c2", "group": "g", "prefetch": 4})
+        await send(
+            ws, {"type": "subscribe", "sub": "s", "topic": "c2", "group": "g", "prefetch": 4}
+        )
         await recv_type(ws, "subscribed")
         unsettled = [m["receipt"] for m in (await recv_type(ws, "messages"))["items"]]
         assert len(unsettled) == 4
@@ -75,7 +79,9 @@ async def test_ack__stale_receipt_frees_no_credit():
     await new_topic("c3")
     await produce("c3", [0, 1, 2])
     async with session(secret) as ws:
-        await send(ws, {"type": "subscribe", "sub": "s", "topic": "c3", "group": "g", "prefetch": 1})
+        await send(
+            ws, {"type": "subscribe", "sub": "s", "topic": "c3", "group": "g", "prefetch": 1}
+        )
         await recv_type(ws, "subscribed")
         (item,) = (await recv_type(ws, "messages"))["items"]
         await send(ws, {"type": "ack", "sub": "s", "receipts": [item["receipt"]]})
