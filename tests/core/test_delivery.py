@@ -418,11 +418,13 @@ def test_ack_and_deliver__delivers_the_freed_credit(topic_factory, console):
     got = deliver(console, topic, n=2)
     result = delivery.ack_and_deliver(console, "g", [got[0].receipt], topic, "m", 0, 100)
     assert result.acked.settled == 1
+    assert result.delivered is not None
     assert [d.message.offset for d in result.delivered.deliveries] == [2]
     lag = committed("g", topic)
     assert (lag.committed_offset, lag.in_flight) == (1, 2)
     # With credit besides the freed one, up to max_messages.
     result = delivery.ack_and_deliver(console, "g", [got[1].receipt], topic, "m", 5, 1)
+    assert result.delivered is not None
     assert [d.message.offset for d in result.delivered.deliveries] == [3]
 
 
@@ -510,5 +512,6 @@ def test_ack_and_deliver__statements(topic_factory, console):
     with CaptureQueriesContext(connection) as both:
         result = delivery.ack_and_deliver(console, "g", [got.pop(0).receipt], topic, "m", 0, 100)
     counts["ack_and_deliver"] = len(both.captured_queries)
+    assert result.delivered is not None
     assert len(result.delivered.deliveries) == 1
     assert counts == STATEMENTS[connection.vendor]
