@@ -486,8 +486,8 @@ def test_deliver_messages__a_rebalance_changes_the_partitions_read(topic_factory
 # in-flight INSERT, PostgreSQL's COPY and SQLite's PRAGMAs not (they bypass it).
 # docs/benchmarks.md#the-per-message-path has the before and after.
 STATEMENTS = {
-    "sqlite": {"ack": 8, "deliver": 9, "ack_and_deliver": 13},
-    "postgresql": {"ack": 10, "deliver": 10, "ack_and_deliver": 20},
+    "sqlite": {"ack": 8, "deliver": 7, "ack_and_deliver": 11},
+    "postgresql": {"ack": 10, "deliver": 8, "ack_and_deliver": 18},
 }
 
 

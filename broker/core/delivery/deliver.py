@@ -74,10 +74,27 @@ def deliver_messages(
     """
     membership.validate_group_name(group_name)
     validate_max_messages(max_messages)
-    topic = groups.topic_for_consume(principal, topic_name)
+    groups.check_consume(principal, topic_name)
     with bulk.bookkeeping():
-        group, member = membership.touch_member(group_name, member_id, topic.id)
+        topic, group, member = member_for_delivery(principal, group_name, member_id, topic_name)
         return deliver_in_transaction(topic, group, member, max_messages, auto_ack=auto_ack)
+
+
+def member_for_delivery(
+    principal: Principal, group_name: str, member_id: str, topic_name: str
+) -> tuple[models.Topic, models.ConsumerGroup, models.GroupMember]:
+    """The topic, the group (locked) and the member, its heartbeat noted: one statement, or,
+    when one of them is missing, one lookup each for its error (TopicNotFound, MemberNotFound,
+    InvalidRequest for a member of another topic), all raised before anything is written.
+
+    Caller holds the bookkeeping transaction and checked the key (groups.check_consume).
+    """
+    found = membership.touch_member_of_topic(group_name, member_id, topic_name)
+    if found is not None:
+        return found
+    topic = groups.topic_for_consume(principal, topic_name)
+    group, member = membership.touch_member(group_name, member_id, topic.id)
+    return topic, group, member
 
 
 def deliver_in_transaction(

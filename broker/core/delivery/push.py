@@ -9,7 +9,7 @@ answer, without a second hop to the thread and a second lookup of the group and 
 from django.db import connection
 
 from broker import models
-from broker.core import bulk, errors, groups, inflight, membership
+from broker.core import bulk, errors, groups, inflight
 from broker.core.delivery import deliver, settle
 from broker.core.records import AckAndDelivery, Principal
 
@@ -39,7 +39,7 @@ def ack_and_deliver(
     """
     deliver.validate_max_messages(max_messages)
     try:
-        topic = groups.topic_for_consume(principal, topic_name)
+        groups.check_consume(principal, topic_name)
     except errors.BrokerError:
         return AckAndDelivery(settle.ack_messages(principal, group_name, receipts))
     if connection.vendor != "sqlite":
@@ -48,30 +48,30 @@ def ack_and_deliver(
         if room <= 0:
             return AckAndDelivery(acked)
         with bulk.bookkeeping():
-            found = _member_or_none(group_name, member_id, topic)
+            found = _member_or_none(principal, group_name, member_id, topic_name)
             if found is None:
                 return AckAndDelivery(acked)
-            group, member = found
+            topic, group, member = found
             return AckAndDelivery(acked, deliver.deliver_in_transaction(topic, group, member, room))
     with bulk.bookkeeping():
-        found = _member_or_none(group_name, member_id, topic)
+        found = _member_or_none(principal, group_name, member_id, topic_name)
         locked: dict[inflight.OffsetKey, models.GroupOffset] = {}
         acked = settle.ack_in_transaction(
-            principal, group_name, receipts, group=found[0] if found else None, locked=locked
+            principal, group_name, receipts, group=found[1] if found else None, locked=locked
         )
         room = min(max_messages, credit + acked.settled)
         if found is None or room <= 0:
             return AckAndDelivery(acked)
-        group, member = found
+        topic, group, member = found
         delivered = deliver.deliver_in_transaction(topic, group, member, room, locked=locked)
         return AckAndDelivery(acked, delivered)
 
 
 def _member_or_none(
-    group_name: str, member_id: str, topic: models.Topic
-) -> tuple[models.ConsumerGroup, models.GroupMember] | None:
-    """membership.touch_member, or None when it refuses (it refuses before writing anything)."""
+    principal: Principal, group_name: str, member_id: str, topic_name: str
+) -> tuple[models.Topic, models.ConsumerGroup, models.GroupMember] | None:
+    """deliver.member_for_delivery, or None when it refuses (before writing anything)."""
     try:
-        return membership.touch_member(group_name, member_id, topic.id)
+        return deliver.member_for_delivery(principal, group_name, member_id, topic_name)
     except errors.BrokerError:
         return None

@@ -275,13 +275,53 @@ def touch_member(
             f"Member {member_id!r} joined for topic {member.topic.name!r}; join again to switch.",
             member_id=member_id,
         )
+    _beat(group, member)
+    return group, member
+
+
+# Raw SQL, one statement for what a delivery looks up first: its topic, its group (the group
+# lock) and its member on that topic.
+MEMBER_OF_TOPIC = (
+    "FROM broker_topic t JOIN broker_consumergroup g ON g.name = %s "
+    "JOIN broker_groupmember m ON m.group_id = g.id AND m.member_id = %s AND m.topic_id = t.id "
+    "WHERE t.name = %s"
+)
+
+
+def touch_member_of_topic(
+    group_name: str, member_id: str, topic_name: str
+) -> tuple[models.Topic, models.ConsumerGroup, models.GroupMember] | None:
+    """touch_member and the topic by name in one statement; None when the topic, the group or
+    the member is missing, or the member is on another topic (the caller then looks each up on
+    its own, for the error). Checks no permission: the caller does first.
+
+    Caller holds the write transaction.
+    """
+    sql = MEMBER_OF_TOPIC
+    if connection.vendor == "postgresql":
+        sql += " FOR NO KEY UPDATE OF g"  # the group lock (see rebalancing.locked_group)
+    found = bulk.select_joined(
+        ((models.Topic, "t"), (models.ConsumerGroup, "g"), (models.GroupMember, "m")),
+        sql,
+        [group_name, member_id, topic_name],
+    )
+    if not found:
+        return None
+    topic, group, member = found[0]
+    assert isinstance(topic, models.Topic)  # noqa: S101 (for mypy: select_joined's order)
+    assert isinstance(group, models.ConsumerGroup)  # noqa: S101
+    assert isinstance(member, models.GroupMember)  # noqa: S101
+    _beat(group, member)
+    return topic, group, member
+
+
+def _beat(group: models.ConsumerGroup, member: models.GroupMember) -> None:
     now = log.now_ms()
     # A member polling in a tight loop need not write its heartbeat every time: a tenth of the
     # session timeout (at most 1 s) late is still far from expiring it.
     if now - member.heartbeat_ms >= min(1000, group.session_timeout_ms // 10):
         member.heartbeat_ms = now
         member.save(update_fields=["heartbeat_ms"])
-    return group, member
 
 
 # What held_partitions read for deliveries, by group (id and creation time), member, topic and
