@@ -569,14 +569,15 @@ class BrokerConsumer(AsyncWebsocketConsumer):
     async def on_ack(self, frame: frames.AckFrame) -> None:
         """Ack, then push the credit the ack freed at once, from the same database call.
 
-        Only when the subscriber is nearly idle: with at most as many messages still unsettled
-        as the ack frees, it waits for the next push. A subscriber with many in hand is busy;
-        its acks only settle, and the push task delivers the credit of several acks at once, in
-        larger frames (as a subscriber that fell behind needs, to catch up).
+        Only when the subscriber waits for it: its credit is used up (messages are waiting for
+        it) and it holds at most as many unsettled messages as the ack frees. A subscriber with
+        many in hand is busy; its acks only settle, and the push task delivers the credit of
+        several acks at once, in larger frames (as a subscriber that fell behind needs, to
+        catch up). One with credit left has had all there was: an append wakes its push task.
         """
         s = self._sub(frame.sub)
         free = s.credit + len(frame.receipts)
-        if s.window - free > free:
+        if s.credit > 0 or s.window - free > free:
             await self._settle(frame, "acked", delivery.ack_messages)
             return
         batch = ferry_settings.get("WS_PUSH_BATCH")
