@@ -484,7 +484,7 @@ def test_deliver_messages__a_rebalance_changes_the_partitions_read(topic_factory
 # Statements per call of the prefetch-2 loop (an ack of one message, a delivery of one), as
 # Django's cursor sees them: savepoints included (the test's transaction), SQLite's multi-row
 # in-flight INSERT, PostgreSQL's COPY and SQLite's PRAGMAs not (they bypass it).
-# docs/benchmarks.md#the-per-message-path has the before and after.
+# docs/benchmarks.md#the-per-message-path-benchper_messagepy has the before and after.
 STATEMENTS = {
     "sqlite": {"ack": 8, "deliver": 7, "ack_and_deliver": 11},
     "postgresql": {"ack": 10, "deliver": 8, "ack_and_deliver": 18},

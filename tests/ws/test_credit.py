@@ -1,5 +1,8 @@
-"""An ack's freed credit is pushed from the ack's own database call, never beyond the credit
-(docs/websocket.md#flow-control-credit, docs/benchmarks.md#the-per-message-path)."""
+"""An ack's freed credit is pushed from the ack's own database call, never beyond the credit.
+
+See docs/websocket.md#flow-control-credit and
+docs/benchmarks.md#the-per-message-path-benchper_messagepy.
+"""
 
 import pytest
 

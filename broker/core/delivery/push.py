@@ -1,9 +1,10 @@
 """The push path of a subscriber: an ack, then the delivery of the credit it freed, in one call.
 
-See docs/websocket.md#flow-control-credit and docs/benchmarks.md#the-per-message-path. A
-WebSocket subscriber with a small prefetch acks a message and waits for the next: settling and
-delivering in one call on the database thread sends the next message right after the `acked`
-answer, without a second hop to the thread and a second lookup of the group and the member.
+See docs/websocket.md#flow-control-credit and
+docs/benchmarks.md#the-per-message-path-benchper_messagepy. A WebSocket subscriber with a
+small prefetch acks a message and waits for the next: settling and delivering in one call on
+the database thread sends the next message right after the `acked` answer, without a second
+hop to the thread and a second lookup of the group and the member.
 """
 
 from django.db import connection
