@@ -115,6 +115,8 @@ class Subscription:
     credit: int
     # prefetch plus what credit frames granted: pushed and unsettled messages plus credit.
     window: int
+    # Credit the push task took for the delivery it is making (0 when it makes none).
+    pushing: int = 0
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
     last_beat: float = 0.0
@@ -573,11 +575,12 @@ class BrokerConsumer(AsyncWebsocketConsumer):
         it) and it holds at most as many unsettled messages as the ack frees. A subscriber with
         many in hand is busy; its acks only settle, and the push task delivers the credit of
         several acks at once, in larger frames (as a subscriber that fell behind needs, to
-        catch up). One with credit left has had all there was: an append wakes its push task.
+        catch up). One with credit left has had all there was: an append wakes its push task;
+        one whose push task is delivering gets its freed credit from that task's next round.
         """
         s = self._sub(frame.sub)
         free = s.credit + len(frame.receipts)
-        if s.credit > 0 or s.window - free > free:
+        if s.credit > 0 or s.pushing > 0 or s.window - free > free:
             await self._settle(frame, "acked", delivery.ack_messages)
             return
         batch = ferry_settings.get("WS_PUSH_BATCH")
@@ -781,6 +784,7 @@ class BrokerConsumer(AsyncWebsocketConsumer):
                 # Taken before the call, so that an ack's delivery meanwhile cannot use it too.
                 reserved = min(s.credit, batch)
                 s.credit -= reserved
+                s.pushing = reserved
                 try:
                     result = await dbthreads.run(
                         delivery.deliver_messages,
@@ -791,13 +795,13 @@ class BrokerConsumer(AsyncWebsocketConsumer):
                         reserved,
                     )
                 except errors.MemberNotFound:
-                    s.credit += reserved
+                    s.credit, s.pushing = s.credit + reserved, 0
                     await self._rejoin(s)
                     continue
                 except BaseException:
-                    s.credit += reserved
+                    s.credit, s.pushing = s.credit + reserved, 0
                     raise
-                s.credit += reserved - len(result.deliveries)
+                s.credit, s.pushing = s.credit + reserved - len(result.deliveries), 0
                 s.last_beat = loop.time()
                 if result.generation != s.generation:
                     await self._heartbeat(s)

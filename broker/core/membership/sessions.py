@@ -279,35 +279,54 @@ def touch_member(
     return group, member
 
 
-# Raw SQL, one statement for what a delivery looks up first: its topic, its group (the group
-# lock) and its member on that topic.
+# Raw SQL, one statement for what a delivery looks up first: its topic, its group and its member
+# on that topic. On PostgreSQL the group is locked first, on its own: a row lock taken by a
+# join would, after waiting for a leave or a rebalance, return the member row as it was
+# before (only the locked row is read again), so the member is read after the lock.
 MEMBER_OF_TOPIC = (
     "FROM broker_topic t JOIN broker_consumergroup g ON g.name = %s "
     "JOIN broker_groupmember m ON m.group_id = g.id AND m.member_id = %s AND m.topic_id = t.id "
     "WHERE t.name = %s"
+)
+MEMBER_OF_TOPIC_IN_GROUP = (
+    "FROM broker_topic t JOIN broker_groupmember m ON m.topic_id = t.id "
+    "WHERE m.group_id = %s AND m.member_id = %s AND t.name = %s"
 )
 
 
 def touch_member_of_topic(
     group_name: str, member_id: str, topic_name: str
 ) -> tuple[models.Topic, models.ConsumerGroup, models.GroupMember] | None:
-    """touch_member and the topic by name in one statement; None when the topic, the group or
-    the member is missing, or the member is on another topic (the caller then looks each up on
-    its own, for the error). Checks no permission: the caller does first.
+    """touch_member and the topic by name, in one statement on SQLite (two on PostgreSQL); None
+    when the topic, the group or the member is missing, or the member is on another topic (the
+    caller then looks each up on its own, for the error). Checks no permission: the caller
+    does first.
 
     Caller holds the write transaction.
     """
-    sql = MEMBER_OF_TOPIC
+    group: Any
     if connection.vendor == "postgresql":
-        sql += " FOR NO KEY UPDATE OF g"  # the group lock (see rebalancing.locked_group)
-    found = bulk.select_joined(
-        ((models.Topic, "t"), (models.ConsumerGroup, "g"), (models.GroupMember, "m")),
-        sql,
-        [group_name, member_id, topic_name],
-    )
-    if not found:
-        return None
-    topic, group, member = found[0]
+        group = find_group(group_name, lock=True)
+        if group is None:
+            return None
+        pair = bulk.select_joined(
+            ((models.Topic, "t"), (models.GroupMember, "m")),
+            MEMBER_OF_TOPIC_IN_GROUP,
+            [group.id, member_id, topic_name],
+        )
+        if not pair:
+            return None
+        topic, member = pair[0]
+    else:
+        # SQLite: BEGIN IMMEDIATE already serializes this transaction with every writer.
+        found = bulk.select_joined(
+            ((models.Topic, "t"), (models.ConsumerGroup, "g"), (models.GroupMember, "m")),
+            MEMBER_OF_TOPIC,
+            [group_name, member_id, topic_name],
+        )
+        if not found:
+            return None
+        topic, group, member = found[0]
     assert isinstance(topic, models.Topic)  # noqa: S101 (for mypy: select_joined's order)
     assert isinstance(group, models.ConsumerGroup)  # noqa: S101
     assert isinstance(member, models.GroupMember)  # noqa: S101
