@@ -181,6 +181,8 @@ CLOSE_WAIT_S = 2
 KEY_CHECK_INTERVAL_S = 0.5
 # Publish frames of one connection being committed at once; more wait their turn.
 MAX_PUBLISHES_IN_FLIGHT = 256
+# The most credit an ack frees and pushes from its own database call (on_ack).
+ACK_PUSH_MAX = 16
 
 
 def _hook_shutdown() -> None:
@@ -576,11 +578,14 @@ class BrokerConsumer(AsyncWebsocketConsumer):
         many in hand is busy; its acks only settle, and the push task delivers the credit of
         several acks at once, in larger frames (as a subscriber that fell behind needs, to
         catch up). One with credit left has had all there was: an append wakes its push task;
-        one whose push task is delivering gets its freed credit from that task's next round.
+        one whose push task is delivering gets its freed credit from that task's next round. An
+        ack that frees more than ACK_PUSH_MAX leaves it to the push task too: the hop it would
+        save is small beside that many messages, and its call would hold up the connection's
+        next frames (the layer's wake-ups among them) for a second transaction.
         """
         s = self._sub(frame.sub)
         free = s.credit + len(frame.receipts)
-        if s.credit > 0 or s.pushing > 0 or s.window - free > free:
+        if s.credit > 0 or s.pushing > 0 or s.window - free > free or free > ACK_PUSH_MAX:
             await self._settle(frame, "acked", delivery.ack_messages)
             return
         batch = ferry_settings.get("WS_PUSH_BATCH")
