@@ -515,3 +515,20 @@ def test_ack_and_deliver__statements(topic_factory, console):
     assert result.delivered is not None
     assert len(result.delivered.deliveries) == 1
     assert counts == STATEMENTS[connection.vendor]
+
+
+def test_deliver_messages__lookup_errors(topic_factory, console):
+    """The one-statement lookup of topic, group and member falls back to each one's error."""
+    topic, other = topic_factory().name, topic_factory().name
+    produce(console, topic, 1)
+    joined(console, topic)
+    joined(console, other, member="elsewhere")
+    with pytest.raises(errors.TopicNotFound):
+        deliver(console, "no-such-topic")
+    with pytest.raises(errors.MemberNotFound):
+        deliver(console, topic, member="stranger")
+    with pytest.raises(errors.MemberNotFound):
+        deliver(console, topic, group="no-such-group")
+    with pytest.raises(errors.InvalidRequest):
+        deliver(console, topic, member="elsewhere")
+    assert [d.message.offset for d in deliver(console, topic)] == [0]
