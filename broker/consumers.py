@@ -99,6 +99,10 @@ class SubscriptionNotFound(errors.BrokerError):
     template = "No subscription {sub!r} on this connection."
 
 
+# The most credit an ack frees and pushes from its own database call (on_ack).
+ACK_PUSH_MAX = 16
+
+
 @dataclass
 class Subscription:
     sub: str
@@ -181,8 +185,6 @@ CLOSE_WAIT_S = 2
 KEY_CHECK_INTERVAL_S = 0.5
 # Publish frames of one connection being committed at once; more wait their turn.
 MAX_PUBLISHES_IN_FLIGHT = 256
-# The most credit an ack frees and pushes from its own database call (on_ack).
-ACK_PUSH_MAX = 16
 
 
 def _hook_shutdown() -> None:
