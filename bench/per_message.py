@@ -17,7 +17,7 @@ anyone can reproduce on the same machine:
 7. prints every figure with its ratio to the reference and the target (issue 12), and stops
    both servers by their PIDs (always).
 
-    .venv/bin/python bench/per_message.py [--scale 0.2]
+    .venv/bin/python bench/per_message.py [--scale 0.2] [--only consume,e2e]
 """
 
 import argparse
@@ -247,10 +247,13 @@ def run(args: argparse.Namespace, tmp: Path, fig: Figures) -> dict[str, float]:
     topics.create_topic(keys.CONSOLE, e2e_topic, 1)
     out: dict[str, float] = {}
 
-    progress("raw single-row INSERT + COMMIT into the same database")
-    raw = raw_single_inserts(scratch_partition, scaled(SEQUENTIAL))
-    out["raw_p50"] = p(raw, 0.5)
-    fig.add("raw insert+commit, one row", f"p50 {p(raw, 0.5):.2f} ms, p99 {p(raw, 0.99):.2f} ms")
+    if "produce" in args.only:
+        progress("raw single-row INSERT + COMMIT into the same database")
+        raw = raw_single_inserts(scratch_partition, scaled(SEQUENTIAL))
+        out["raw_p50"] = p(raw, 0.5)
+        fig.add(
+            "raw insert+commit, one row", f"p50 {p(raw, 0.5):.2f} ms, p99 {p(raw, 0.99):.2f} ms"
+        )
     connections.close_all()
 
     bare_port, port = free_port(), free_port()
@@ -262,77 +265,90 @@ def run(args: argparse.Namespace, tmp: Path, fig: Figures) -> dict[str, float]:
         wait_healthy(url, server, tmp / "daphne.log")
         headers = {"Authorization": f"Bearer {secret}", "Content-Type": "application/json"}
         path = f"/api/v1/topics/{topic}/messages"
-
-        progress("sequential round trips: bare ASGI app, health, single-message produce")
-        with httpx.Client(base_url=bare_url, headers=headers) as client:
-            bare_times = sequential(
-                client, lambda c: c.post("/", content=RICH_BODY), scaled(SEQUENTIAL)
-            )
-        with httpx.Client(base_url=url, headers=headers) as client:
-            health = sequential(client, lambda c: c.get("/api/v1/health"), scaled(SEQUENTIAL) // 2)
-            produce = sequential(
-                client, lambda c: c.post(path, content=RICH_BODY), scaled(SEQUENTIAL)
-            )
-        out["bare_p50"], out["produce_p50"] = p(bare_times, 0.5), p(produce, 0.5)
-        fig.add(
-            "bare ASGI round trip",
-            f"p50 {p(bare_times, 0.5):.2f} ms, p99 {p(bare_times, 0.99):.2f} ms",
-        )
-        fig.add(
-            "GET /api/v1/health",
-            f"p50 {p(health, 0.5):.2f} ms, p99 {p(health, 0.99):.2f} ms",
-            f"{p(health, 0.5) / out['bare_p50']:.1f}x bare",
-        )
-        fig.add(
-            "single-message produce (key, headers, bytes)",
-            f"p50 {p(produce, 0.5):.2f} ms, p99 {p(produce, 0.99):.2f} ms",
-            f"{out['produce_p50'] / out['bare_p50']:.1f}x bare "
-            f"(target <= {TARGET_PRODUCE_VS_BARE:.0f}x)",
-        )
-
-        progress(f"server CPU per request, {CPU_CLIENTS} concurrent clients")
-        total = scaled(CONCURRENT_MESSAGES)
-        bare_rate, bare_cpu = concurrent_posts(
-            bare_url, "/", headers, RICH_BODY, total, CPU_CLIENTS, bare.pid
-        )
-        out["bare_cpu_ms"] = bare_cpu * 1000
-        fig.add(
-            f"bare ASGI x{CPU_CLIENTS}",
-            f"{bare_rate:,.0f} req/s",
-            f"server CPU {bare_cpu * 1e3:.3f} ms/request",
-        )
-        for clients in CONCURRENT:
-            rate, cpu = concurrent_posts(url, path, headers, RICH_BODY, total, clients, server.pid)
-            note = f"server CPU {cpu * 1e3:.3f} ms/msg"
-            if clients == CPU_CLIENTS:
-                out["produce_cpu_ms"] = cpu * 1000
-                note += f" = {cpu / bare_cpu:.1f}x bare (target <= {TARGET_CPU_VS_BARE:.0f}x)"
-            fig.add(f"single-message produce x{clients}", f"{rate:,.0f} msgs/s", note)
-
-        progress("WebSocket consume, prefetch 2, an ack frame per message")
-        count = scaled(CONSUME_MESSAGES)
-        with httpx.Client(base_url=url, headers=headers, timeout=60) as client:
-            body = orjson.dumps({"messages": [{"value": i} for i in range(count)]})
-            client.post(f"/api/v1/topics/{consume_topic}/messages", content=body).raise_for_status()
         ws_url = f"ws://127.0.0.1:{port}/ws/v1/"
-        cpu0 = cpu_seconds(server.pid)
-        rate = asyncio.run(consume_one_by_one(ws_url, secret, consume_topic, count))
-        cpu = (cpu_seconds(server.pid) - cpu0) / count
-        out["consume_msgs_s"] = rate
-        fig.add(
-            "WS consume prefetch 2, ack each",
-            f"{rate:,.0f} msgs/s",
-            f"server CPU {cpu * 1e3:.3f} ms/msg (target >= {TARGET_CONSUME_MSGS_S:,})",
-        )
 
-        progress(f"end to end: {LATENCY_RATE} single-message publishes/s for {LATENCY_SECONDS} s")
-        e2e = asyncio.run(end_to_end(ws_url, secret, e2e_topic))
-        out["e2e_p50"], out["e2e_p99"] = p(e2e, 0.5), p(e2e, 0.99)
-        fig.add(
-            f"end to end at {LATENCY_RATE} msgs/s",
-            f"p50 {p(e2e, 0.5):.2f} ms, p99 {p(e2e, 0.99):.2f} ms",
-            f"(target p50 <= {TARGET_E2E_P50_MS:.0f}, p99 <= {TARGET_E2E_P99_MS:.0f} ms)",
-        )
+        if "produce" in args.only:
+            progress("sequential round trips: bare ASGI app, health, single-message produce")
+            with httpx.Client(base_url=bare_url, headers=headers) as client:
+                bare_times = sequential(
+                    client, lambda c: c.post("/", content=RICH_BODY), scaled(SEQUENTIAL)
+                )
+            with httpx.Client(base_url=url, headers=headers) as client:
+                health = sequential(
+                    client, lambda c: c.get("/api/v1/health"), scaled(SEQUENTIAL) // 2
+                )
+                produce = sequential(
+                    client, lambda c: c.post(path, content=RICH_BODY), scaled(SEQUENTIAL)
+                )
+            out["bare_p50"], out["produce_p50"] = p(bare_times, 0.5), p(produce, 0.5)
+            fig.add(
+                "bare ASGI round trip",
+                f"p50 {p(bare_times, 0.5):.2f} ms, p99 {p(bare_times, 0.99):.2f} ms",
+            )
+            fig.add(
+                "GET /api/v1/health",
+                f"p50 {p(health, 0.5):.2f} ms, p99 {p(health, 0.99):.2f} ms",
+                f"{p(health, 0.5) / out['bare_p50']:.1f}x bare",
+            )
+            fig.add(
+                "single-message produce (key, headers, bytes)",
+                f"p50 {p(produce, 0.5):.2f} ms, p99 {p(produce, 0.99):.2f} ms",
+                f"{out['produce_p50'] / out['bare_p50']:.1f}x bare "
+                f"(target <= {TARGET_PRODUCE_VS_BARE:.0f}x)",
+            )
+
+            progress(f"server CPU per request, {CPU_CLIENTS} concurrent clients")
+            total = scaled(CONCURRENT_MESSAGES)
+            bare_rate, bare_cpu = concurrent_posts(
+                bare_url, "/", headers, RICH_BODY, total, CPU_CLIENTS, bare.pid
+            )
+            out["bare_cpu_ms"] = bare_cpu * 1000
+            fig.add(
+                f"bare ASGI x{CPU_CLIENTS}",
+                f"{bare_rate:,.0f} req/s",
+                f"server CPU {bare_cpu * 1e3:.3f} ms/request",
+            )
+            for clients in CONCURRENT:
+                rate, cpu = concurrent_posts(
+                    url, path, headers, RICH_BODY, total, clients, server.pid
+                )
+                note = f"server CPU {cpu * 1e3:.3f} ms/msg"
+                if clients == CPU_CLIENTS:
+                    out["produce_cpu_ms"] = cpu * 1000
+                    note += f" = {cpu / bare_cpu:.1f}x bare (target <= {TARGET_CPU_VS_BARE:.0f}x)"
+                fig.add(f"single-message produce x{clients}", f"{rate:,.0f} msgs/s", note)
+
+        if "consume" in args.only:
+            progress("WebSocket consume, prefetch 2, an ack frame per message")
+            count = scaled(CONSUME_MESSAGES)
+            with httpx.Client(base_url=url, headers=headers, timeout=60) as client:
+                for first in range(0, count, 1000):
+                    chunk = range(first, min(count, first + 1000))
+                    body = orjson.dumps({"messages": [{"value": i} for i in chunk]})
+                    client.post(
+                        f"/api/v1/topics/{consume_topic}/messages", content=body
+                    ).raise_for_status()
+            cpu0 = cpu_seconds(server.pid)
+            rate = asyncio.run(consume_one_by_one(ws_url, secret, consume_topic, count))
+            cpu = (cpu_seconds(server.pid) - cpu0) / count
+            out["consume_msgs_s"] = rate
+            fig.add(
+                "WS consume prefetch 2, ack each",
+                f"{rate:,.0f} msgs/s",
+                f"server CPU {cpu * 1e3:.3f} ms/msg (target >= {TARGET_CONSUME_MSGS_S:,})",
+            )
+
+        if "e2e" in args.only:
+            progress(
+                f"end to end: {LATENCY_RATE} single-message publishes/s for {LATENCY_SECONDS} s"
+            )
+            e2e = asyncio.run(end_to_end(ws_url, secret, e2e_topic))
+            out["e2e_p50"], out["e2e_p99"] = p(e2e, 0.5), p(e2e, 0.99)
+            fig.add(
+                f"end to end at {LATENCY_RATE} msgs/s",
+                f"p50 {p(e2e, 0.5):.2f} ms, p99 {p(e2e, 0.99):.2f} ms",
+                f"(target p50 <= {TARGET_E2E_P50_MS:.0f}, p99 <= {TARGET_E2E_P99_MS:.0f} ms)",
+            )
     finally:
         stop_daphne(server)
         stop_daphne(bare)
@@ -344,7 +360,13 @@ def main() -> int:
     parser.add_argument(
         "--scale", type=float, default=1.0, help="multiply every count (default 1.0)"
     )
+    parser.add_argument(
+        "--only",
+        default="produce,consume,e2e",
+        help="comma-separated parts to run: produce (with the references), consume, e2e",
+    )
     args = parser.parse_args()
+    args.only = set(args.only.split(","))
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     tmp = Path(tempfile.mkdtemp(prefix="ferry-bench-"))
     progress(f"data dir {tmp}; migrating")

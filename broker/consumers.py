@@ -99,6 +99,10 @@ class SubscriptionNotFound(errors.BrokerError):
     template = "No subscription {sub!r} on this connection."
 
 
+# The most credit an ack frees and pushes from its own database call (on_ack).
+ACK_PUSH_MAX = 16
+
+
 @dataclass
 class Subscription:
     sub: str
@@ -109,7 +113,14 @@ class Subscription:
     generation: int
     partitions: tuple[int, ...]
     # Messages the server may still push: prefetch, minus pushed, plus settled and granted.
+    # A delivery takes what it may push from here before its database call and gives back
+    # what it did not push, so two deliveries at once (the push task's and an ack's) never
+    # push more than the credit together.
     credit: int
+    # prefetch plus what credit frames granted: pushed and unsettled messages plus credit.
+    window: int
+    # Credit the push task took for the delivery it is making (0 when it makes none).
+    pushing: int = 0
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
     last_beat: float = 0.0
@@ -499,6 +510,7 @@ class BrokerConsumer(AsyncWebsocketConsumer):
             generation=info.generation,
             partitions=info.partitions,
             credit=frame.prefetch,
+            window=frame.prefetch,
             last_beat=asyncio.get_running_loop().time(),
             client=frame.client or "",
         )
@@ -549,7 +561,67 @@ class BrokerConsumer(AsyncWebsocketConsumer):
         )
 
     async def on_ack(self, frame: frames.AckFrame) -> None:
-        await self._settle(frame, "acked", delivery.ack_messages)
+        """Ack, then push the credit the ack freed at once, from the same database call.
+
+        Only when the subscriber waits for it: its credit is used up (messages are waiting for
+        it) and it holds at most as many unsettled messages as the ack frees. A subscriber with
+        many in hand is busy; its acks only settle, and the push task delivers the credit of
+        several acks at once, in larger frames (as a subscriber that fell behind needs, to
+        catch up). One with credit left has had all there was: an append wakes its push task;
+        one whose push task is delivering gets its freed credit from that task's next round. An
+        ack that frees more than ACK_PUSH_MAX leaves it to the push task too: the hop it would
+        save is small beside that many messages, and its call would hold up the connection's
+        next frames (the layer's wake-ups among them) for a second transaction.
+        """
+        s = self._sub(frame.sub)
+        free = s.credit + len(frame.receipts)
+        if s.credit > 0 or s.pushing > 0 or s.window - free > free or free > ACK_PUSH_MAX:
+            await self._settle(frame, "acked", delivery.ack_messages)
+            return
+        batch = ferry_settings.get("WS_PUSH_BATCH")
+        reserved = min(s.credit, batch)
+        s.credit -= reserved
+        try:
+            result = await dbthreads.run(
+                delivery.ack_and_deliver,
+                self._principal(),
+                s.group,
+                frame.receipts,
+                s.topic,
+                s.member_id,
+                reserved,
+                batch,
+            )
+        except BaseException:
+            s.credit += reserved
+            s.wake.set()
+            raise
+        acked, delivered = result.acked, result.delivered
+        pushed = delivered.deliveries if delivered is not None else ()
+        s.credit += reserved + acked.settled - len(pushed)
+        await self._send_frame(
+            {
+                "type": "acked",
+                "ref": frame.ref,
+                "sub": s.sub,
+                "settled": acked.settled,
+                "stale": list(acked.stale),
+                "dead_lettered": acked.dead_lettered,
+            }
+        )
+        if delivered is None:
+            if s.credit > 0:
+                s.wake.set()  # the push task delivers, or meets what stopped this delivery
+            return
+        s.last_beat = asyncio.get_running_loop().time()
+        if pushed:
+            await self._push(s, pushed)
+        # A wake-up from the layer while this ran waits for this handler (channels dispatches
+        # one message at a time), then finds the credit left. The push task looks again at once
+        # only for a rebalance to learn, or when more may be waiting already.
+        more = len(pushed) >= batch or delivered.filtered or delivered.expired
+        if delivered.generation != s.generation or (s.credit > 0 and more):
+            s.wake.set()
 
     async def on_nack(self, frame: frames.NackFrame) -> None:
         await self._settle(
@@ -565,6 +637,7 @@ class BrokerConsumer(AsyncWebsocketConsumer):
     async def on_credit(self, frame: frames.CreditFrame) -> None:
         s = self._sub(frame.sub)
         s.credit += frame.n
+        s.window += frame.n
         s.wake.set()
         await self._send_frame(
             {"type": "credited", "ref": frame.ref, "sub": s.sub, "credit": s.credit}
@@ -703,6 +776,10 @@ class BrokerConsumer(AsyncWebsocketConsumer):
             interval = ferry_settings.get("HEARTBEAT_INTERVAL_MS") / 1000
             s.wake.clear()
             if s.credit > 0:
+                # Taken before the call, so that an ack's delivery meanwhile cannot use it too.
+                reserved = min(s.credit, batch)
+                s.credit -= reserved
+                s.pushing = reserved
                 try:
                     result = await dbthreads.run(
                         delivery.deliver_messages,
@@ -710,16 +787,20 @@ class BrokerConsumer(AsyncWebsocketConsumer):
                         s.group,
                         s.topic,
                         s.member_id,
-                        min(s.credit, batch),
+                        reserved,
                     )
                 except errors.MemberNotFound:
+                    s.credit, s.pushing = s.credit + reserved, 0
                     await self._rejoin(s)
                     continue
+                except BaseException:
+                    s.credit, s.pushing = s.credit + reserved, 0
+                    raise
+                s.credit, s.pushing = s.credit + reserved - len(result.deliveries), 0
                 s.last_beat = loop.time()
                 if result.generation != s.generation:
                     await self._heartbeat(s)
                 if result.deliveries:
-                    s.credit -= len(result.deliveries)
                     await self._push(s, result.deliveries)
                     continue
                 if result.filtered or result.expired:

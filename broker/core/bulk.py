@@ -104,7 +104,7 @@ Converter = tuple[Callable[[Any, Any, Any], Any], Any]
 @functools.cache
 def _select_plan(
     model: type[Model], vendor: str
-) -> tuple[str, tuple[str, ...], tuple[tuple[Converter, ...], ...]]:
+) -> tuple[str, tuple[str, ...], tuple[tuple[Converter, ...], ...], tuple[str, ...]]:
     """The model's SELECT list, its attribute names and each column's converters, made once.
 
     What RawQuerySet works out on every call (column order, model init order, converters).
@@ -119,7 +119,8 @@ def _select_plan(
     columns = ", ".join(f'"{f.column}"' for f in fields)
     # table and columns come from the model, never from input.
     select = f"SELECT {columns} FROM {table} "  # noqa: S608
-    return select, tuple(f.attname for f in fields), tuple(converters)
+    names = tuple(f.attname for f in fields)
+    return select, names, tuple(converters), tuple(f.column for f in fields)
 
 
 def select_models(model: type[M], where: str, params: Sequence[Any]) -> list[M]:
@@ -128,7 +129,7 @@ def select_models(model: type[M], where: str, params: Sequence[Any]) -> list[M]:
     For queries every poll, push and settlement runs: model.objects.raw() costs more than the
     database does for a one-row lookup.
     """
-    select, names, converters = _select_plan(model, connection.vendor)
+    select, names, converters, _ = _select_plan(model, connection.vendor)
     with connection.cursor() as cursor:
         cursor.execute(select + where, params)
         rows = cursor.fetchall()
@@ -139,6 +140,34 @@ def select_models(model: type[M], where: str, params: Sequence[Any]) -> list[M]:
             for convert, col in column_converters:
                 values[i] = convert(values[i], col, connection)
         found.append(model.from_db(connection.alias, names, values))
+    return found
+
+
+def select_joined(
+    parts: Sequence[tuple[type[Model], str]], tail: str, params: Sequence[Any]
+) -> list[tuple[Model, ...]]:
+    """One instance of each model per row of `SELECT <their columns> <tail>`.
+
+    parts: (model, its table's alias in tail). For lookups that would otherwise take a
+    statement per model on every poll and push.
+    """
+    plans = [(_select_plan(model, connection.vendor), model, alias) for model, alias in parts]
+    columns = ", ".join(f'{alias}."{column}"' for (plan, _, alias) in plans for column in plan[3])
+    with connection.cursor() as cursor:
+        # tail and the columns come from the callers' constants and the models, never input.
+        cursor.execute(f"SELECT {columns} {tail}", params)
+        rows = cursor.fetchall()
+    found = []
+    for row in rows:
+        values, start, instances = list(row), 0, []
+        for (_, names, converters, _), model, _ in plans:
+            part = values[start : start + len(names)]
+            start += len(names)
+            for i, column_converters in enumerate(converters):
+                for convert, col in column_converters:
+                    part[i] = convert(part[i], col, connection)
+            instances.append(model.from_db(connection.alias, names, part))
+        found.append(tuple(instances))
     return found
 
 

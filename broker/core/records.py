@@ -379,6 +379,18 @@ class SettleResult:
 
 
 @dataclass(frozen=True)
+class AckAndDelivery:
+    """What delivery.ack_and_deliver did: the ack, then the delivery of the credit it freed.
+
+    delivered is None when no delivery was tried (no credit) or the member could not take one
+    (gone, or its key lost the topic): the caller's push task finds out why.
+    """
+
+    acked: SettleResult
+    delivered: DeliveryResult | None = None
+
+
+@dataclass(frozen=True)
 class DeadLetterInfo:
     id: int
     group: str

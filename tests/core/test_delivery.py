@@ -409,3 +409,126 @@ def trace_of(console, topic, offset):
     from broker.core import trace
 
     return trace.get_trace(console, topic, 0, offset)
+
+
+def test_ack_and_deliver__delivers_the_freed_credit(topic_factory, console):
+    topic = topic_factory().name
+    produce(console, topic, 5)
+    joined(console, topic)
+    got = deliver(console, topic, n=2)
+    result = delivery.ack_and_deliver(console, "g", [got[0].receipt], topic, "m", 0, 100)
+    assert result.acked.settled == 1
+    assert result.delivered is not None
+    assert [d.message.offset for d in result.delivered.deliveries] == [2]
+    lag = committed("g", topic)
+    assert (lag.committed_offset, lag.in_flight) == (1, 2)
+    # With credit besides the freed one, up to max_messages.
+    result = delivery.ack_and_deliver(console, "g", [got[1].receipt], topic, "m", 5, 1)
+    assert result.delivered is not None
+    assert [d.message.offset for d in result.delivered.deliveries] == [3]
+
+
+def test_ack_and_deliver__nothing_settled_nothing_delivered(topic_factory, console):
+    topic = topic_factory().name
+    produce(console, topic, 3)
+    joined(console, topic)
+    (first,) = deliver(console, topic, n=1)
+    delivery.ack_messages(console, "g", [first.receipt])
+    result = delivery.ack_and_deliver(console, "g", [first.receipt], topic, "m", 0, 100)
+    assert (result.acked.settled, result.acked.stale) == (0, (first.receipt,))
+    assert result.delivered is None
+    assert committed("g", topic).in_flight == 0
+
+
+def test_ack_and_deliver__member_gone_keeps_the_ack(topic_factory, console):
+    topic = topic_factory().name
+    produce(console, topic, 3)
+    joined(console, topic)
+    joined(console, topic, member="other")
+    got = deliver(console, topic, n=1)
+    membership.leave_group(console, "g", "m")
+    result = delivery.ack_and_deliver(console, "g", [got[0].receipt], topic, "m", 0, 100)
+    assert result.acked.settled == 1
+    assert result.delivered is None
+    assert committed("g", topic).committed_offset == 1
+
+
+def test_ack_and_deliver__an_invalid_ack_delivers_nothing(topic_factory, console):
+    topic = topic_factory().name
+    produce(console, topic, 3)
+    joined(console, topic)
+    deliver(console, topic, n=1)
+    with pytest.raises(errors.InvalidRequest):
+        delivery.ack_and_deliver(console, "g", ["not-a-receipt"], topic, "m", 5, 100)
+    assert committed("g", topic).in_flight == 1
+
+
+def test_deliver_messages__a_rebalance_changes_the_partitions_read(topic_factory, console):
+    """The partitions a member holds are read once per generation (membership.held_partitions)."""
+    topic = topic_factory(partitions=2).name
+    produce(console, topic, 1, partition=0)
+    produce(console, topic, 1, partition=1)
+    joined(console, topic, member="a")
+    first = deliver(console, topic, member="a")
+    assert {d.message.partition for d in first} == {0, 1}
+    delivery.ack_messages(console, "g", [d.receipt for d in first])
+    joined(console, topic, member="b")
+    produce(console, topic, 1, partition=0)
+    produce(console, topic, 1, partition=1)
+    held = {m.member_id: m.partitions for m in groups.describe_group(console, "g").members}
+    for member in ("a", "b"):
+        got = deliver(console, topic, member=member)
+        assert [(d.message.partition, d.message.offset) for d in got] == [(held[member][0], 1)]
+
+
+# Statements per call of the prefetch-2 loop (an ack of one message, a delivery of one), as
+# Django's cursor sees them: savepoints included (the test's transaction), SQLite's multi-row
+# in-flight INSERT, PostgreSQL's COPY and SQLite's PRAGMAs not (they bypass it).
+# docs/benchmarks.md#the-per-message-path-benchper_messagepy has the before and after.
+STATEMENTS = {
+    "sqlite": {"ack": 8, "deliver": 7, "ack_and_deliver": 11},
+    "postgresql": {"ack": 10, "deliver": 9, "ack_and_deliver": 19},
+}
+
+
+def test_ack_and_deliver__statements(topic_factory, console):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    topic = topic_factory().name
+    produce(console, topic, 10)
+    joined(console, topic)
+    got = list(deliver(console, topic, n=2))
+    # Warm: the first delivery reads the member's leases and creates its offsets.
+    delivery.ack_messages(console, "g", [got.pop(0).receipt])
+    got += deliver(console, topic, n=1)
+    counts = {}
+    with CaptureQueriesContext(connection) as ack:
+        delivery.ack_messages(console, "g", [got.pop(0).receipt])
+    counts["ack"] = len(ack.captured_queries)
+    with CaptureQueriesContext(connection) as one:
+        got += deliver(console, topic, n=1)
+    counts["deliver"] = len(one.captured_queries)
+    with CaptureQueriesContext(connection) as both:
+        result = delivery.ack_and_deliver(console, "g", [got.pop(0).receipt], topic, "m", 0, 100)
+    counts["ack_and_deliver"] = len(both.captured_queries)
+    assert result.delivered is not None
+    assert len(result.delivered.deliveries) == 1
+    assert counts == STATEMENTS[connection.vendor]
+
+
+def test_deliver_messages__lookup_errors(topic_factory, console):
+    """The one-statement lookup of topic, group and member falls back to each one's error."""
+    topic, other = topic_factory().name, topic_factory().name
+    produce(console, topic, 1)
+    joined(console, topic)
+    joined(console, other, member="elsewhere")
+    with pytest.raises(errors.TopicNotFound):
+        deliver(console, "no-such-topic")
+    with pytest.raises(errors.MemberNotFound):
+        deliver(console, topic, member="stranger")
+    with pytest.raises(errors.MemberNotFound):
+        deliver(console, topic, group="no-such-group")
+    with pytest.raises(errors.InvalidRequest):
+        deliver(console, topic, member="elsewhere")
+    assert [d.message.offset for d in deliver(console, topic)] == [0]

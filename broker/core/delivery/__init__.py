@@ -6,9 +6,10 @@ changes their InFlight rows: that lock serializes deliveries, settlements, the d
 redrives of one (group, partition, subscriber), so a message is never handed out twice while in
 flight and the committed offset is always the lowest unsettled offset.
 
-The package: deliver.py (deliver_messages), settle.py (ack, nack, reject, extend) and sweep.py
-(the deadline sweep), over inflight.py a layer down (in-flight runs, receipts, offset locks, the
-committed offset) and retries.py (backoff, dead letters). Its public names are re-exported
+The package: deliver.py (deliver_messages), settle.py (ack, nack, reject, extend), push.py
+(ack_and_deliver: an ack and the next push in one call) and sweep.py (the deadline sweep),
+over inflight.py a layer down (in-flight runs, receipts, offset locks, the committed offset)
+and retries.py (backoff, dead letters). Its public names are re-exported
 here: callers use `delivery.<name>`.
 """
 
@@ -18,6 +19,7 @@ from broker.core.delivery.deliver import (
     deliver_messages,
     deliver_messages_async,
 )
+from broker.core.delivery.push import ack_and_deliver
 from broker.core.delivery.settle import (
     DELETE_IN_FLIGHT,
     RECEIPT_MAX,
@@ -37,6 +39,7 @@ __all__ = [
     "SCAN_LIMIT",
     "SELECT_NAMED",
     "SWEEP_BATCH",
+    "ack_and_deliver",
     "ack_in_transaction",
     "ack_messages",
     "deliver_messages",

@@ -48,7 +48,7 @@ def _parse_cached(spec_json: str) -> filters.Filter:
     return filters.parse_filter(orjson.loads(spec_json))
 
 
-def _validate_max_messages(max_messages: int) -> None:
+def validate_max_messages(max_messages: int) -> None:
     limit = ferry_settings.get("MAX_FETCH_MESSAGES")
     if not 1 <= max_messages <= limit:
         raise errors.InvalidRequest(
@@ -73,32 +73,71 @@ def deliver_messages(
     With auto_ack the messages are settled as they are handed out (at most once).
     """
     membership.validate_group_name(group_name)
-    _validate_max_messages(max_messages)
-    topic = groups.topic_for_consume(principal, topic_name)
-    now = log.now_ms()
+    validate_max_messages(max_messages)
+    groups.check_consume(principal, topic_name)
     with bulk.bookkeeping():
-        group, member = membership.touch_member(group_name, member_id, topic.id)
-        broadcast = group.mode == models.ConsumerGroup.Mode.BROADCAST
-        subscriber = member_id if broadcast else ""
-        partition_ids = membership.held_partitions(group, member)
-        offsets = inflight.locked_offsets((group.id, pid, subscriber) for pid in partition_ids)
-        if len(offsets) < len(partition_ids):
-            # First delivery from some partition: its offsets start where the group does.
-            groups.ensure_offsets(group, partition_ids, subscriber)
-            offsets = inflight.locked_offsets((group.id, pid, subscriber) for pid in partition_ids)
-        batch = _Batch(group, topic, member, subscriber, now, max_messages, auto_ack)
-        batch.before = {
-            r.partition_id: (r.committed_offset, r.delivered_offset, r.filtered_count)
-            for r in offsets.values()
-        }
-        batch.take_retries(offsets)
-        batch.take_new(offsets)
-        batch.store()
-        batch.save_offsets(offsets)
+        topic, group, member = member_for_delivery(principal, group_name, member_id, topic_name)
+        return deliver_in_transaction(topic, group, member, max_messages, auto_ack=auto_ack)
+
+
+def member_for_delivery(
+    principal: Principal, group_name: str, member_id: str, topic_name: str
+) -> tuple[models.Topic, models.ConsumerGroup, models.GroupMember]:
+    """The topic, the group (locked) and the member, its heartbeat noted: one statement, or,
+    when one of them is missing, one lookup each for its error (TopicNotFound, MemberNotFound,
+    InvalidRequest for a member of another topic), all raised before anything is written.
+
+    Caller holds the bookkeeping transaction and checked the key (groups.check_consume).
+    """
+    found = membership.touch_member_of_topic(group_name, member_id, topic_name)
+    if found is not None:
+        return found
+    topic = groups.topic_for_consume(principal, topic_name)
+    group, member = membership.touch_member(group_name, member_id, topic.id)
+    return topic, group, member
+
+
+def deliver_in_transaction(
+    topic: models.Topic,
+    group: models.ConsumerGroup,
+    member: models.GroupMember,
+    max_messages: int,
+    *,
+    auto_ack: bool = False,
+    locked: dict[inflight.OffsetKey, models.GroupOffset] | None = None,
+) -> DeliveryResult:
+    """deliver_messages inside the caller's bookkeeping transaction, after touch_member.
+
+    locked: offset rows the caller locked in this transaction already (and keeps up to date),
+    read again only when they do not cover the member's partitions.
+    """
+    now = log.now_ms()
+    member_id = member.member_id
+    broadcast = group.mode == models.ConsumerGroup.Mode.BROADCAST
+    subscriber = member_id if broadcast else ""
+    partition_ids = membership.held_partitions(group, member, cached=True)
+    wanted = [(group.id, pid, subscriber) for pid in sorted(partition_ids)]
+    if locked is not None and all(key in locked for key in wanted):
+        offsets = {key: locked[key] for key in wanted}
+    else:
+        offsets = inflight.locked_offsets(wanted)
+    if len(offsets) < len(partition_ids):
+        # First delivery from some partition: its offsets start where the group does.
+        groups.ensure_offsets(group, partition_ids, subscriber)
+        offsets = inflight.locked_offsets(wanted)
+    batch = _Batch(group, topic, member, subscriber, now, max_messages, auto_ack)
+    batch.before = {
+        r.partition_id: (r.committed_offset, r.delivered_offset, r.filtered_count)
+        for r in offsets.values()
+    }
+    batch.take_retries(offsets)
+    batch.take_new(offsets)
+    batch.store()
+    batch.save_offsets(offsets)
     return DeliveryResult(
         topic_id=topic.id,
-        group=group_name,
-        topic=topic_name,
+        group=group.name,
+        topic=topic.name,
         member_id=member_id,
         generation=group.generation,
         deliveries=tuple(batch.deliveries),

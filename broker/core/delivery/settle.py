@@ -113,10 +113,17 @@ def _delete_in_flight(ids: list[int]) -> None:
 class _Settling:
     """The in-flight runs a settle call names, locked."""
 
-    def __init__(self, principal: Principal, group_name: str, receipts: list[str]) -> None:
+    def __init__(
+        self,
+        principal: Principal,
+        group_name: str,
+        receipts: list[str],
+        group: models.ConsumerGroup | None = None,
+    ) -> None:
         membership.validate_group_name(group_name)
         self.receipts = _validate_receipts(receipts)
-        group = membership.find_group(group_name)
+        if group is None:
+            group = membership.find_group(group_name)
         if group is None:
             raise errors.GroupNotFound(group=group_name)
         self.group: models.ConsumerGroup = group
@@ -197,10 +204,21 @@ def ack_messages(principal: Principal, group_name: str, receipts: list[str]) -> 
         return ack_in_transaction(principal, group_name, receipts)
 
 
-def ack_in_transaction(principal: Principal, group_name: str, receipts: list[str]) -> SettleResult:
-    """ack_messages inside the caller's write transaction (transactions.commit_transaction)."""
+def ack_in_transaction(
+    principal: Principal,
+    group_name: str,
+    receipts: list[str],
+    *,
+    group: models.ConsumerGroup | None = None,
+    locked: dict[inflight.OffsetKey, models.GroupOffset] | None = None,
+) -> SettleResult:
+    """ack_messages inside the caller's write transaction (transactions.commit_transaction).
+
+    group: the group, if the caller read it in this transaction already. locked: a dict the
+    offset rows this ack locked are added to, up to date (for a delivery that follows).
+    """
     now = log.now_ms()
-    settling = _Settling(principal, group_name, receipts)
+    settling = _Settling(principal, group_name, receipts, group)
     whole, partial = [], {}
     for run, named in settling.runs.items():
         if len(named) == run.last_offset - run.offset + 1:
@@ -228,6 +246,8 @@ def ack_in_transaction(principal: Principal, group_name: str, receipts: list[str
         ]
     )
     inflight.recompute_committed(settling.offsets)
+    if locked is not None:
+        locked.update(settling.offsets)
     return SettleResult(settled=settling.count, stale=settling.stale)
 
 

@@ -26,6 +26,7 @@ from broker.core.groups.info import (
     settings_of,
 )
 from broker.core.groups.positions import (
+    check_consume,
     commit_offsets,
     commit_offsets_in_transaction,
     delete_group,
@@ -41,6 +42,7 @@ __all__ = [
     "MAX_RETRY_LEVELS",
     "RESET_TARGETS",
     "SESSION_TIMEOUT_MS_RANGE",
+    "check_consume",
     "commit_offsets",
     "commit_offsets_in_transaction",
     "configure_group",

@@ -27,9 +27,14 @@ _poll_turn = itertools.count()
 _poll_turn_lock = threading.Lock()
 
 
-def topic_for_consume(principal: Principal, topic_name: str) -> models.Topic:
+def check_consume(principal: Principal, topic_name: str) -> None:
+    """Refuse a bad topic name, or a key that may not consume the topic (no database read)."""
     topics.validate_name(topic_name)
     keys.require(principal, topic_name, "consume")
+
+
+def topic_for_consume(principal: Principal, topic_name: str) -> models.Topic:
+    check_consume(principal, topic_name)
     # Raw SQL: every poll and push asks, and the ORM would compile the query each time.
     topic = next(iter(bulk.select_models(models.Topic, WHERE_TOPIC, [topic_name])), None)
     if topic is None:
@@ -266,7 +271,7 @@ def _commit_locked(
     group: models.ConsumerGroup,
     topic: models.Topic,
     offsets: dict[int, int],
-    held: set[int] | None,
+    held: frozenset[int] | None,
     member_id: str | None,
 ) -> list[models.GroupOffset]:
     """Lock the group's offset rows of the topic and move them. Caller holds the transaction."""

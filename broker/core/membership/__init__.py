@@ -28,6 +28,7 @@ from broker.core.membership.sessions import (
     list_members,
     list_members_by_group,
     touch_member,
+    touch_member_of_topic,
     validate_group_name,
 )
 
@@ -47,5 +48,6 @@ __all__ = [
     "rebalance",
     "rebalance_topic",
     "touch_member",
+    "touch_member_of_topic",
     "validate_group_name",
 ]

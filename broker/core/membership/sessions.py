@@ -275,26 +275,108 @@ def touch_member(
             f"Member {member_id!r} joined for topic {member.topic.name!r}; join again to switch.",
             member_id=member_id,
         )
+    _beat(group, member)
+    return group, member
+
+
+# Raw SQL, one statement for what a delivery looks up first: its topic, its group and its member
+# on that topic. On PostgreSQL the group is locked first, on its own: a row lock taken by a
+# join would, after waiting for a leave or a rebalance, return the member row as it was
+# before (only the locked row is read again), so the member is read after the lock.
+MEMBER_OF_TOPIC = (
+    "FROM broker_topic t JOIN broker_consumergroup g ON g.name = %s "
+    "JOIN broker_groupmember m ON m.group_id = g.id AND m.member_id = %s AND m.topic_id = t.id "
+    "WHERE t.name = %s"
+)
+MEMBER_OF_TOPIC_IN_GROUP = (
+    "FROM broker_topic t JOIN broker_groupmember m ON m.topic_id = t.id "
+    "WHERE m.group_id = %s AND m.member_id = %s AND t.name = %s"
+)
+
+
+def touch_member_of_topic(
+    group_name: str, member_id: str, topic_name: str
+) -> tuple[models.Topic, models.ConsumerGroup, models.GroupMember] | None:
+    """touch_member and the topic by name, in one statement on SQLite (two on PostgreSQL); None
+    when the topic, the group or the member is missing, or the member is on another topic (the
+    caller then looks each up on its own, for the error). Checks no permission: the caller
+    does first.
+
+    Caller holds the write transaction.
+    """
+    group: Any
+    if connection.vendor == "postgresql":
+        group = find_group(group_name, lock=True)
+        if group is None:
+            return None
+        pair = bulk.select_joined(
+            ((models.Topic, "t"), (models.GroupMember, "m")),
+            MEMBER_OF_TOPIC_IN_GROUP,
+            [group.id, member_id, topic_name],
+        )
+        if not pair:
+            return None
+        topic, member = pair[0]
+    else:
+        # SQLite: BEGIN IMMEDIATE already serializes this transaction with every writer.
+        found = bulk.select_joined(
+            ((models.Topic, "t"), (models.ConsumerGroup, "g"), (models.GroupMember, "m")),
+            MEMBER_OF_TOPIC,
+            [group_name, member_id, topic_name],
+        )
+        if not found:
+            return None
+        topic, group, member = found[0]
+    assert isinstance(topic, models.Topic)  # noqa: S101 (for mypy: select_joined's order)
+    assert isinstance(group, models.ConsumerGroup)  # noqa: S101
+    assert isinstance(member, models.GroupMember)  # noqa: S101
+    _beat(group, member)
+    return topic, group, member
+
+
+def _beat(group: models.ConsumerGroup, member: models.GroupMember) -> None:
     now = log.now_ms()
     # A member polling in a tight loop need not write its heartbeat every time: a tenth of the
     # session timeout (at most 1 s) late is still far from expiring it.
     if now - member.heartbeat_ms >= min(1000, group.session_timeout_ms // 10):
         member.heartbeat_ms = now
         member.save(update_fields=["heartbeat_ms"])
-    return group, member
 
 
-def held_partitions(group: models.ConsumerGroup, member: models.GroupMember) -> set[int]:
+# What held_partitions read for deliveries, by group (id and creation time), member, topic and
+# generation. Leases change only in rebalancing.rebalance, which bumps the generation under the
+# group lock (and a topic's partitions grow only with a rebalance of its groups), so a committed
+# generation's entry never goes stale: a new generation is a new key. A group deleted and made
+# again has a new id, or (SQLite may reuse the id of rows whose insert rolled back, as tests do)
+# a new creation time.
+_held: dict[tuple[int, object, str, int, int], frozenset[int]] = {}
+HELD_CACHE_MAX = 10_000
+
+
+def held_partitions(
+    group: models.ConsumerGroup, member: models.GroupMember, *, cached: bool = False
+) -> frozenset[int]:
     """Partition ids the member reads: its leases, or in broadcast mode all of its topic's.
 
-    Caller holds the group lock.
+    Caller holds the group lock. cached (every delivery asks): the answer is read once per
+    generation; only for a caller that read the group's generation from the database under
+    the lock, never one whose transaction rebalanced (that generation may roll back).
     """
+    key = (group.id, group.created_at, member.member_id, member.topic_id, group.generation)
+    held = _held.get(key) if cached else None
+    if held is not None:
+        return held
     with connection.cursor() as cursor:
         if group.mode == models.ConsumerGroup.Mode.BROADCAST:
             cursor.execute(SELECT_PARTITIONS, [member.topic_id])
         else:
             cursor.execute(SELECT_LEASES, [group.id, member.member_id])
-        return {pid for (pid,) in cursor.fetchall()}
+        held = frozenset(pid for (pid,) in cursor.fetchall())
+    if cached:
+        if len(_held) >= HELD_CACHE_MAX:
+            _held.clear()
+        _held[key] = held
+    return held
 
 
 def list_members(group: models.ConsumerGroup) -> list[MemberSummary]:

@@ -1,0 +1,78 @@
+"""The push path of a subscriber: an ack, then the delivery of the credit it freed, in one call.
+
+See docs/websocket.md#flow-control-credit and
+docs/benchmarks.md#the-per-message-path-benchper_messagepy. A WebSocket subscriber with a
+small prefetch acks a message and waits for the next: settling and delivering in one call on
+the database thread sends the next message right after the `acked` answer, without a second
+hop to the thread and a second lookup of the group and the member.
+"""
+
+from django.db import connection
+
+from broker import models
+from broker.core import bulk, errors, groups, inflight
+from broker.core.delivery import deliver, settle
+from broker.core.records import AckAndDelivery, Principal
+
+
+def ack_and_deliver(
+    principal: Principal,
+    group_name: str,
+    receipts: list[str],
+    topic_name: str,
+    member_id: str,
+    credit: int,
+    max_messages: int,
+) -> AckAndDelivery:
+    """Ack the receipts, then deliver to the member up to credit plus what the ack settled.
+
+    credit is what the caller may push besides the freed credit; at most max_messages are
+    delivered. What stops the delivery (the member is gone, the topic or the key's permission
+    went away) does not undo the ack: delivered is then None, and the caller's push task, which
+    meets the same error, handles it. An error of the ack itself is raised as ack_messages
+    raises it, and then nothing is delivered.
+
+    On SQLite one transaction: the ack reuses the group the member check read and hands its
+    locked offset rows to the delivery. On PostgreSQL two, ack_messages' and then the delivery's:
+    an ack locks the offset rows of its receipts' partitions before the group's, a delivery the
+    group first (docs/architecture.md#locks), and one transaction holding both could deadlock
+    with another ack (SQLite has one writer at a time: no row locks to order).
+    """
+    deliver.validate_max_messages(max_messages)
+    try:
+        groups.check_consume(principal, topic_name)
+    except errors.BrokerError:
+        return AckAndDelivery(settle.ack_messages(principal, group_name, receipts))
+    if connection.vendor != "sqlite":
+        acked = settle.ack_messages(principal, group_name, receipts)
+        room = min(max_messages, credit + acked.settled)
+        if room <= 0:
+            return AckAndDelivery(acked)
+        with bulk.bookkeeping():
+            found = _member_or_none(principal, group_name, member_id, topic_name)
+            if found is None:
+                return AckAndDelivery(acked)
+            topic, group, member = found
+            return AckAndDelivery(acked, deliver.deliver_in_transaction(topic, group, member, room))
+    with bulk.bookkeeping():
+        found = _member_or_none(principal, group_name, member_id, topic_name)
+        locked: dict[inflight.OffsetKey, models.GroupOffset] = {}
+        acked = settle.ack_in_transaction(
+            principal, group_name, receipts, group=found[1] if found else None, locked=locked
+        )
+        room = min(max_messages, credit + acked.settled)
+        if found is None or room <= 0:
+            return AckAndDelivery(acked)
+        topic, group, member = found
+        delivered = deliver.deliver_in_transaction(topic, group, member, room, locked=locked)
+        return AckAndDelivery(acked, delivered)
+
+
+def _member_or_none(
+    principal: Principal, group_name: str, member_id: str, topic_name: str
+) -> tuple[models.Topic, models.ConsumerGroup, models.GroupMember] | None:
+    """deliver.member_for_delivery, or None when it refuses (before writing anything)."""
+    try:
+        return deliver.member_for_delivery(principal, group_name, member_id, topic_name)
+    except errors.BrokerError:
+        return None

@@ -1,0 +1,97 @@
+"""An ack's freed credit is pushed from the ack's own database call, never beyond the credit.
+
+See docs/websocket.md#flow-control-credit and
+docs/benchmarks.md#the-per-message-path-benchper_messagepy.
+"""
+
+import pytest
+
+from broker.core import delivery
+from tests.ws.test_consumers import make_key, new_topic, produce, recv, recv_type, send, session
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def count_push_task_deliveries(monkeypatch):
+    """Count the push task's deliveries (it calls delivery.deliver_messages; an ack does not)."""
+    calls = []
+    real = delivery.deliver_messages
+
+    def counted(*args, **kwargs):
+        result = real(*args, **kwargs)
+        calls.append(len(result.deliveries))
+        return result
+
+    monkeypatch.setattr(delivery, "deliver_messages", counted)
+    return calls
+
+
+async def test_ack__pushes_the_freed_credit_without_waking_the_push_task(monkeypatch):
+    secret = await make_key("admin:*")
+    await new_topic("c1")
+    await produce("c1", [0, 1, 2])
+    async with session(secret) as ws:
+        await send(
+            ws, {"type": "subscribe", "sub": "s", "topic": "c1", "group": "g", "prefetch": 1}
+        )
+        await recv_type(ws, "subscribed")
+        (item,) = (await recv_type(ws, "messages"))["items"]
+        assert await ws.receive_nothing(timeout=0.2)
+        calls = count_push_task_deliveries(monkeypatch)
+        for expected in (1, 2):
+            await send(ws, {"type": "ack", "sub": "s", "receipts": [item["receipt"]]})
+            # The documented order: the answer, then the push the ack made room for.
+            assert (await recv(ws))["type"] == "acked"
+            pushed = await recv(ws)
+            assert pushed["type"] == "messages"
+            (item,) = pushed["items"]
+            assert item["value"] == expected
+        assert await ws.receive_nothing(timeout=0.2)
+        assert calls == []
+
+
+async def test_ack__a_busy_subscriber_never_gets_more_than_its_credit():
+    secret = await make_key("admin:*")
+    await new_topic("c2")
+    await produce("c2", list(range(12)))
+    async with session(secret) as ws:
+        await send(
+            ws, {"type": "subscribe", "sub": "s", "topic": "c2", "group": "g", "prefetch": 4}
+        )
+        await recv_type(ws, "subscribed")
+        unsettled = [m["receipt"] for m in (await recv_type(ws, "messages"))["items"]]
+        assert len(unsettled) == 4
+        seen = 4
+        # One ack at a time while three are in hand (the push task delivers), then three at
+        # once with one in hand (the ack delivers): never more than 4 unsettled.
+        for batch in (1, 3, 1, 3):
+            acked, unsettled = unsettled[:batch], unsettled[batch:]
+            await send(ws, {"type": "ack", "sub": "s", "receipts": acked})
+            assert (await recv_type(ws, "acked"))["settled"] == batch
+            while len(unsettled) < 4 and seen < 12:
+                frame = await recv_type(ws, "messages")
+                unsettled += [m["receipt"] for m in frame["items"]]
+                seen += len(frame["items"])
+                assert len(unsettled) <= 4
+        assert seen == 12
+        assert await ws.receive_nothing(timeout=0.3)
+
+
+async def test_ack__stale_receipt_frees_no_credit():
+    secret = await make_key("admin:*")
+    await new_topic("c3")
+    await produce("c3", [0, 1, 2])
+    async with session(secret) as ws:
+        await send(
+            ws, {"type": "subscribe", "sub": "s", "topic": "c3", "group": "g", "prefetch": 1}
+        )
+        await recv_type(ws, "subscribed")
+        (item,) = (await recv_type(ws, "messages"))["items"]
+        await send(ws, {"type": "ack", "sub": "s", "receipts": [item["receipt"]]})
+        await recv_type(ws, "acked")
+        await recv_type(ws, "messages")
+        # Acked already: settles nothing, so nothing more is pushed.
+        await send(ws, {"type": "ack", "sub": "s", "receipts": [item["receipt"]]})
+        again = await recv_type(ws, "acked")
+        assert (again["settled"], again["stale"]) == (0, [item["receipt"]])
+        assert await ws.receive_nothing(timeout=0.3)
