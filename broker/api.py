@@ -544,21 +544,7 @@ def purge_topic(
 async def produce(request: AuthedRequest, name: str, body: schemas.ProduceIn) -> HttpResponse:
     messages = body.to_new_messages()
     results = await groupcommit.append_messages(request.auth, name, messages)
-    return json_response(
-        {
-            "results": [
-                {"partition": r.partition, "offset": r.offset, "duplicate": r.duplicate}
-                if r.partition is not None
-                # Delayed: the partition and offset come when it is released.
-                else {
-                    "scheduled_id": r.scheduled_id,
-                    "deliver_at_ms": r.deliver_at_ms,
-                    "duplicate": r.duplicate,
-                }
-                for r in results
-            ]
-        }
-    )
+    return json_response({"results": [wire.append_out(r) for r in results]})
 
 
 def browsed_out(m: BrowsedMessage) -> dict[str, Any]:
@@ -1208,18 +1194,8 @@ def transaction_out(info: TransactionInfo) -> dict[str, Any]:
 
 def transaction_result_out(result: TransactionResult) -> dict[str, Any]:
     body = transaction_out(result.transaction)
-    body["results"] = [{"topic": topic, **wire_append(r)} for topic, r in result.results]
+    body["results"] = [{"topic": topic, **wire.append_out(r)} for topic, r in result.results]
     return body
-
-
-def wire_append(r: Any) -> dict[str, Any]:
-    if r.partition is not None:
-        return {"partition": r.partition, "offset": r.offset, "duplicate": r.duplicate}
-    return {
-        "scheduled_id": r.scheduled_id,
-        "deliver_at_ms": r.deliver_at_ms,
-        "duplicate": r.duplicate,
-    }
 
 
 @api.post("/transactions", response={201: schemas.TransactionOut}, tags=["transactions"])

@@ -42,7 +42,6 @@ from broker.core import (
     transactions,
 )
 from broker.core.records import (
-    AppendResult,
     Delivery,
     MemberInfo,
     NewMessage,
@@ -648,7 +647,11 @@ class BrokerConsumer(AsyncWebsocketConsumer):
             self._principal(), frame.topic, frame.to_new_messages()
         )
         await self._send_frame(
-            {"type": "published", "ref": frame.ref, "results": [_append_out(r) for r in results]}
+            {
+                "type": "published",
+                "ref": frame.ref,
+                "results": [wire.append_out(r) for r in results],
+            }
         )
 
     # Transactions: one core call each, on a database thread; answered in the order received.
@@ -684,7 +687,7 @@ class BrokerConsumer(AsyncWebsocketConsumer):
                 "type": "committed",
                 "ref": frame.ref,
                 "transaction": _txn_out(result.transaction),
-                "results": [{"topic": t, **_append_out(r)} for t, r in result.results],
+                "results": [{"topic": t, **wire.append_out(r)} for t, r in result.results],
             }
         )
 
@@ -881,16 +884,6 @@ class BrokerConsumer(AsyncWebsocketConsumer):
                 "partitions": list(s.partitions),
             }
         )
-
-
-def _append_out(r: AppendResult) -> dict[str, Any]:
-    if r.partition is not None:
-        return {"partition": r.partition, "offset": r.offset, "duplicate": r.duplicate}
-    return {
-        "scheduled_id": r.scheduled_id,
-        "deliver_at_ms": r.deliver_at_ms,
-        "duplicate": r.duplicate,
-    }
 
 
 def _first_messages(frame: frames.BeginFrame) -> list[NewMessage]:

@@ -9,7 +9,14 @@ from typing import Any
 
 import orjson
 
-from broker.core.records import DeadLetterInfo, Delivery, ScheduledInfo, StoredMessage, TraceInfo
+from broker.core.records import (
+    AppendResult,
+    DeadLetterInfo,
+    Delivery,
+    ScheduledInfo,
+    StoredMessage,
+    TraceInfo,
+)
 
 EMPTY_HEADERS = orjson.Fragment("{}")
 
@@ -86,4 +93,16 @@ def scheduled_out(info: ScheduledInfo) -> dict[str, Any]:
         # "id" is the scheduled id here; the client's message id goes by another name.
         "message_id": info.client_id,
         **value_fields(info.value, info.is_json),
+    }
+
+
+def append_out(r: AppendResult) -> dict[str, Any]:
+    """Where a produced message went: its partition and offset, or, delayed, its scheduled id
+    (the partition and offset come when it is released)."""
+    if r.partition is not None:
+        return {"partition": r.partition, "offset": r.offset, "duplicate": r.duplicate}
+    return {
+        "scheduled_id": r.scheduled_id,
+        "deliver_at_ms": r.deliver_at_ms,
+        "duplicate": r.duplicate,
     }

@@ -2,9 +2,10 @@
 a sync view whose PostgreSQL session was ended runs once more instead of failing."""
 
 import pytest
-from django.db import connection, connections
+from django.db import connection
 
 from broker import models
+from tests.sessions import terminate_own_session
 
 postgres_only = pytest.mark.skipif(
     connection.vendor != "postgresql", reason="only PostgreSQL ends sessions of its own accord"
@@ -54,15 +55,7 @@ def test_sync_view__a_terminated_session_runs_again_on_a_new_one(
     assert api_client.get(path).status_code == 200
     # The connection lives on across requests (as the API's sync thread's does): the topic's
     # creation committed on it, yet this request committed nothing, so it may run again.
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_backend_pid()")
-        (pid,) = cursor.fetchone()
-    other = connections.create_connection("default")
-    try:
-        with other.cursor() as cursor:
-            cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
-    finally:
-        other.close()
+    terminate_own_session()
 
     response = api_client.get(path)
 

@@ -9,6 +9,7 @@ from django.db.utils import DatabaseError
 
 from broker import models
 from broker.core import dbthreads, topics
+from tests.sessions import terminate_own_session
 
 
 @pytest.fixture
@@ -65,8 +66,6 @@ async def test_read__sees_what_the_writer_committed(pools, console):
 async def test_read__a_replaced_connection_is_read_only_too(pools, console):
     if connection.vendor != "postgresql":
         pytest.skip("sessions are terminated on PostgreSQL")
-    from tests.core.test_outages import _terminate_own_session
-
     await dbthreads.read(_thread_name)  # the reader's session exists and is read-only
 
     def terminated_then_write() -> None:
@@ -74,7 +73,7 @@ async def test_read__a_replaced_connection_is_read_only_too(pools, console):
         # connection, which must refuse the write as the old one did.
         if not getattr(terminated_then_write, "done", False):
             terminated_then_write.done = True  # type: ignore[attr-defined]
-            _terminate_own_session()
+            terminate_own_session()
             with connection.cursor() as cursor:
                 cursor.execute("SELECT 1")
         _create_topic()

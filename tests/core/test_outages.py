@@ -4,12 +4,13 @@ a new connection when PostgreSQL ended the old one before anything committed (is
 import sqlite3
 
 import pytest
-from django.db import connection, connections
+from django.db import connection
 from django.db.utils import DatabaseError, InterfaceError, OperationalError
 
 from broker import models
 from broker.core import errors, log, outages
 from broker.core.records import NewMessage
+from tests.sessions import terminate_own_session
 
 postgres_only = pytest.mark.skipif(
     connection.vendor != "postgresql", reason="only PostgreSQL ends sessions of its own accord"
@@ -55,24 +56,11 @@ def test_call_with_reconnect__an_error_of_a_usable_connection_is_not_retried(db)
     assert calls == [1]
 
 
-def _terminate_own_session() -> None:
-    """End this thread's PostgreSQL session from another connection, as an operator would."""
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_backend_pid()")
-        (pid,) = cursor.fetchone()
-    other = connections.create_connection("default")
-    try:
-        with other.cursor() as cursor:
-            cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
-    finally:
-        other.close()
-
-
 @postgres_only
 @pytest.mark.django_db(transaction=True)
 def test_call_with_reconnect__a_read_on_a_terminated_session_runs_again(topic_factory, console):
     topic = topic_factory()
-    _terminate_own_session()
+    terminate_own_session()
 
     described = outages.call_with_reconnect(log.list_offsets, console, topic.name, None)
 
@@ -83,7 +71,7 @@ def test_call_with_reconnect__a_read_on_a_terminated_session_runs_again(topic_fa
 @pytest.mark.django_db(transaction=True)
 def test_call_with_reconnect__a_write_that_never_reached_commit_runs_again(topic_factory, console):
     topic = topic_factory()
-    _terminate_own_session()
+    terminate_own_session()
 
     results = outages.call_with_reconnect(
         log.append_messages, console, topic.name, [NewMessage(b"1", client_id="a")]
@@ -102,7 +90,7 @@ def test_call_with_reconnect__not_again_once_a_commit_was_sent(topic_factory, co
     def append_then_lose_the_connection():
         calls.append(1)
         log.append_messages(console, topic.name, [NewMessage(b"1", client_id="b")])
-        _terminate_own_session()
+        terminate_own_session()
         with connection.cursor() as cursor:
             cursor.execute("SELECT 1")
 
