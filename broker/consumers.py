@@ -376,20 +376,7 @@ class BrokerConsumer(AsyncWebsocketConsumer):
             # asyncio.wait: the push task's end (cancelled, or failed) is not this task's; a
             # cancellation of this task itself still propagates.
             await asyncio.wait([s.task])
-        if self.principal is not None:
-            try:
-                await dbthreads.run(membership.leave_group, self.principal, s.group, s.member_id)
-            except errors.BrokerError:
-                pass  # gone already, or the key may no longer see it: expiry takes it
-            except Exception:
-                logger.warning(
-                    "member %s of %s could not leave; it expires after the session timeout",
-                    s.member_id,
-                    s.group,
-                    exc_info=True,
-                )
-        if not any(other.topic_id == s.topic_id for other in self.subs.values()):
-            await events.leave(events.topic_group(s.topic_id), self.channel_name)
+        await self._leave(s)
 
     async def _send_raw(self, data: bytes) -> None:
         await self.send(text_data=data.decode())
@@ -739,7 +726,7 @@ class BrokerConsumer(AsyncWebsocketConsumer):
             # The topic went away or the key lost its permission: the subscription ends.
             self.subs.pop(s.sub, None)
             await self._send_raw(_error(exc, sub=s.sub))
-            await self._leave_ended(s)
+            await self._leave(s)
         except Exception as exc:
             # The database is away (or a bug): the subscription ends, its member leaves or
             # expires, and the client subscribes again after retry_after.
@@ -747,13 +734,14 @@ class BrokerConsumer(AsyncWebsocketConsumer):
             self.subs.pop(s.sub, None)
             with contextlib.suppress(Exception):
                 await self._send_raw(_error(failure, sub=s.sub))
-            await self._leave_ended(s)
+            await self._leave(s)
 
-    async def _leave_ended(self, s: Subscription) -> None:
+    async def _leave(self, s: Subscription) -> None:
         """An ended subscription leaves its group at once: its messages go back to the others.
 
         Before, its member stayed, holding up to prefetch messages in flight until the socket
-        closed (issue 9, item 1).
+        closed (issue 9, item 1). Never raises: a member that cannot leave no longer
+        heartbeats, and its group expires it after the session timeout.
         """
         if self.principal is not None:
             try:
@@ -762,8 +750,10 @@ class BrokerConsumer(AsyncWebsocketConsumer):
                 pass  # gone already, or the key may no longer see it: expiry takes it
             except Exception:
                 logger.warning(
-                    "subscription %s could not leave its group; its member expires after the "
+                    "member %s of %s (subscription %s) could not leave; it expires after the "
                     "session timeout",
+                    s.member_id,
+                    s.group,
                     s.sub,
                     exc_info=True,
                 )
