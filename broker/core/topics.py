@@ -8,10 +8,11 @@ to the groups on the topic in the same transaction), over check_alter and alter_
 import logging
 import re
 import time
-from typing import NamedTuple
+from collections.abc import Callable, Iterable
+from typing import NamedTuple, TypeVar
 
 from django.db import IntegrityError, connection, transaction
-from django.db.models import F, QuerySet, Sum
+from django.db.models import F, Model, QuerySet, Sum
 
 from broker import models
 from broker import settings as ferry_settings
@@ -214,6 +215,39 @@ def visible_topics(
     )
 
 
+Named = TypeVar("Named", bound=Model)
+
+
+def page_by_name(
+    query: "QuerySet[Named]",
+    keep: Callable[[list[Named]], Iterable[Named]],
+    limit: int | None,
+    after: str | None,
+) -> list[Named]:
+    """A page of query's rows by name: at most limit (all when None), named after `after`.
+
+    query filters by permission in SQL, as closely as SQL can; keep() drops what it let through
+    that the key may not see exactly (a pattern with a character class), and the page reads on
+    to fill itself.
+    """
+    if limit is not None and not 1 <= limit <= MAX_LIST_LIMIT:
+        raise errors.InvalidRequest(f"limit must be between 1 and {MAX_LIST_LIMIT}.", limit=limit)
+    query = query.order_by("name")
+    if after is not None:
+        query = query.filter(name__gt=after)
+    found: list[Named] = []
+    while True:
+        if limit is None:
+            found.extend(keep(list(query)))
+            return found
+        want = limit - len(found)
+        chunk = list(query[:want])
+        found.extend(keep(chunk))
+        if len(chunk) < want or len(found) >= limit:
+            return found
+        query = query.filter(name__gt=chunk[-1].serializable_value("name"))
+
+
 def list_topics(
     principal: Principal, *, limit: int | None = None, after: str | None = None
 ) -> list[TopicInfo]:
@@ -222,22 +256,14 @@ def list_topics(
     A page of at most limit topics named after `after` (all of them when limit is None),
     filtered by permission in the query, so a key that sees few topics reads few rows.
     """
-    if limit is not None and not 1 <= limit <= MAX_LIST_LIMIT:
-        raise errors.InvalidRequest(f"limit must be between 1 and {MAX_LIST_LIMIT}.", limit=limit)
-    query = visible_topics(principal).order_by("name")
-    if after is not None:
-        query = query.filter(name__gt=after)
-    found: list[models.Topic] = []
-    # Rows the SQL filter let through but allows() refuses are skipped; read on to fill the page.
-    while True:
-        want = None if limit is None else limit - len(found)
-        chunk = list(query if want is None else query[:want])
-        found.extend(
+    found = page_by_name(
+        visible_topics(principal),
+        lambda chunk: (
             t for t in chunk if any(keys.allows(principal, t.name, a) for a in keys.ACTIONS)
-        )
-        if want is None or len(chunk) < want or limit is None or len(found) >= limit:
-            break
-        query = query.filter(name__gt=chunk[-1].name)
+        ),
+        limit,
+        after,
+    )
     by_topic: dict[int, list[models.Partition]] = {t.id: [] for t in found}
     for p in models.Partition.objects.filter(topic_id__in=by_topic).order_by("number"):
         by_topic[p.topic_id].append(p)

@@ -130,26 +130,17 @@ def _group_page(
     Filtered in SQL; a group the SQL filter lets through but keys.allows() refuses on every
     topic (a pattern with a character class) is skipped and the page read on.
     """
-    if limit is not None and not 1 <= limit <= topics.MAX_LIST_LIMIT:
-        raise errors.InvalidRequest(
-            f"limit must be between 1 and {topics.MAX_LIST_LIMIT}.", limit=limit
-        )
     visible = topics.visible_topics(principal, ("consume",))
     query = models.ConsumerGroup.objects.filter(
         Q(id__in=models.GroupOffset.objects.filter(partition__topic__in=visible).values("group_id"))
         | Q(id__in=models.GroupMember.objects.filter(topic__in=visible).values("group_id"))
-    ).order_by("name")
-    if after is not None:
-        query = query.filter(name__gt=after)
-    found: list[models.ConsumerGroup] = []
-    while True:
-        want = None if limit is None else limit - len(found)
-        chunk = list(query if want is None else query[:want])
-        seen = _groups_seeing(principal, [g.id for g in chunk])
-        found.extend(g for g in chunk if g.id in seen)
-        if want is None or limit is None or len(chunk) < want or len(found) >= limit:
-            return found
-        query = query.filter(name__gt=chunk[-1].name)
+    )
+
+    def seen(chunk: list[models.ConsumerGroup]) -> list[models.ConsumerGroup]:
+        ids = _groups_seeing(principal, [g.id for g in chunk])
+        return [g for g in chunk if g.id in ids]
+
+    return topics.page_by_name(query, seen, limit, after)
 
 
 def _groups_seeing(principal: Principal, group_ids: list[int]) -> set[int]:
