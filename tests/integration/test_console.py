@@ -339,6 +339,30 @@ def walk(browser: Browser, console_url: str, rest: httpx.Client) -> None:
     confirm_and_expect_success(page)
     expect(scheduled).to_have_count(0)
 
+    # An open transaction is listed with its age, and committed from the page: its half
+    # message becomes visible at once.
+    begun = rest.post(
+        "/transactions",
+        json={
+            "producer_id": "billing-1",
+            "timeout_ms": 3_600_000,
+            "topic": "orders",
+            "messages": [{"value": {"invoice": 7}, "partition": 1}],
+        },
+    )
+    assert begun.status_code == 201, begun.text
+    end_before = rest.get("/topics/orders/offsets").json()["partitions"][1]["end_offset"]
+    page.goto(f"{console_url}/transactions/")
+    row = page.locator(f'#transactions-table tr[data-transaction-id="{begun.json()["id"]}"]')
+    expect(row).to_contain_text("billing-1")
+    expect(row.get_by_test_id("transaction-age")).to_be_visible()
+    screenshot(page, "transactions")
+    row.get_by_test_id("transaction-commit").click()
+    confirm_and_expect_success(page)
+    expect(row).to_have_count(0)
+    end_after = rest.get("/topics/orders/offsets").json()["partitions"][1]["end_offset"]
+    assert end_after == end_before + 1
+
     # A key is created (its secret shown once, and it works), then revoked.
     page.goto(f"{console_url}/keys/")
     open_panel(page, "create-key")
@@ -361,11 +385,12 @@ def walk(browser: Browser, console_url: str, rest: httpx.Client) -> None:
         "group.reset",
         "dlq.redrive",
         "scheduled.cancel",
+        "transaction.commit",
         "key.create",
         "key.revoke",
     ):
         expect(page.locator(f'#audit-table tr[data-action="{action}"]')).to_contain_text("operator")
-    assert actions.count() >= 6
+    assert actions.count() >= 7
     screenshot(page, "audit")
 
     # The overview, the lists and the charts, once the samples have come in.
