@@ -7,10 +7,8 @@ per request on the hot paths (docs/benchmarks.md).
 
 import gc
 import os
-import threading
 from typing import Any
 
-from asgiref.sync import SyncToAsync
 from django.core.asgi import get_asgi_application
 from django.db.backends.signals import connection_created
 
@@ -18,57 +16,14 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "mqsite.settings")
 django_asgi_app = get_asgi_application()
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
-from django.conf import settings  # noqa: E402
-from django.core.handlers.asgi import ASGIHandler  # noqa: E402
 
 from broker import background, consumers, middleware, routing, startup  # noqa: E402
 from dashboard import routing as dashboard_routing  # noqa: E402
-from mqsite import serving, shutdown  # noqa: E402
+from mqsite import api_handler, serving, shutdown  # noqa: E402
 
 API_PREFIX = "/api/v1/"
-# Timing first, so a latency covers the error rendering too (/metrics, docs/metrics.md).
-API_MIDDLEWARE = ["broker.metrics.api_request_timing", "broker.middleware.api_json_errors"]
-
-
-class ApiHandler(ASGIHandler):
-    """Django's ASGI handler with API_MIDDLEWARE instead of settings.MIDDLEWARE."""
-
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        # Without Django's per-request ThreadSensitiveContext, the few sync steps of a request
-        # (signals, sync views) share asgiref's one sync thread instead of starting a thread
-        # per request; core calls already run on broker/core/dbthreads.py.
-        await self.handle(scope, receive, send)
-
-    def load_middleware(self, is_async: bool = False) -> None:
-        # BaseHandler reads settings.MIDDLEWARE; swap it while this handler is built, once, at
-        # import, before any request is served.
-        saved = settings.MIDDLEWARE
-        settings.MIDDLEWARE = API_MIDDLEWARE
-        try:
-            super().load_middleware(is_async)
-        finally:
-            settings.MIDDLEWARE = saved
-
-
-api_asgi_app = ApiHandler()
-
-
-def _keep_api_thread_connection(sender: Any, connection: Any, **kwargs: Any) -> None:
-    """Keep the database connection of the one thread the API's sync views run on.
-
-    With CONN_MAX_AGE=0 (see mqsite/settings.py) Django closes a request's connection when it
-    ends, so each sync API call (health, topic metadata, management) opened a new one and
-    started with a cold page cache: most of its cost (docs/benchmarks.md). This thread lives as
-    long as the process, so its connection is kept, and still closed at a request's end when an
-    error left it unusable (close_if_unusable_or_obsolete).
-    """
-    # The thread of asgiref's single-thread executor: ApiHandler enters no
-    # ThreadSensitiveContext, so sync code of API requests runs there (and only there).
-    if threading.current_thread() in SyncToAsync.single_thread_executor._threads:
-        connection.close_at = None
-
-
-connection_created.connect(_keep_api_thread_connection)
+api_asgi_app = api_handler.ApiHandler()
+connection_created.connect(api_handler.keep_api_thread_connection)
 
 
 # Bodies being parsed at once are bounded (503 busy beyond FERRY_MAX_PARSING_BYTES).
