@@ -52,7 +52,6 @@ def test_request_signals_hop_to_the_sync_thread_only_for_sync_views():
     topics.create_topic(keys.CONSOLE, "sig.t", partitions=1)
     started: list[str] = []
     finished: list[str] = []
-    view_threads: list[str] = []
 
     def on_started(sender, **kwargs):
         started.append(threading.current_thread().name)
@@ -60,16 +59,14 @@ def test_request_signals_hop_to_the_sync_thread_only_for_sync_views():
     def on_finished(sender, **kwargs):
         finished.append(threading.current_thread().name)
 
-    def on_connection(sender, connection, **kwargs):
-        view_threads.append(threading.current_thread().name)
-
     async def requests() -> None:
         transport = httpx.ASGITransport(app=api_asgi_app)  # type: ignore[arg-type]
         headers = {"Authorization": f"Bearer {secret}"}
         async with httpx.AsyncClient(
             transport=transport, base_url="http://testserver", headers=headers
         ) as c:
-            response = await c.post("/api/v1/topics/sig.t/messages", json={"messages": [{"value": "x"}]})
+            body = {"messages": [{"value": "x"}]}
+            response = await c.post("/api/v1/topics/sig.t/messages", json=body)
             assert response.status_code == 200, response.text  # an async view
             assert started == []
             response = await c.get("/api/v1/keys")  # a sync view
@@ -77,15 +74,14 @@ def test_request_signals_hop_to_the_sync_thread_only_for_sync_views():
 
     signals.request_started.connect(on_started)
     signals.request_finished.connect(on_finished)
-    connection_created.connect(on_connection)
     try:
         asyncio.run(requests())
     finally:
         signals.request_started.disconnect(on_started)
         signals.request_finished.disconnect(on_finished)
-        connection_created.disconnect(on_connection)
     loop_thread = threading.current_thread().name  # asyncio.run's loop runs on this thread
-    assert len(started) == 1 and started[0] != loop_thread
+    assert len(started) == 1
+    assert started[0] != loop_thread
     assert finished == [loop_thread, loop_thread]
 
 

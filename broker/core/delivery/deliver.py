@@ -97,6 +97,23 @@ def member_for_delivery(
     return topic, group, member
 
 
+def _subscriber(group: models.ConsumerGroup, member: models.GroupMember) -> str:
+    # Broadcast members read with offsets of their own; clustering members share the group's.
+    return member.member_id if group.mode == models.ConsumerGroup.Mode.BROADCAST else ""
+
+
+def lock_member_offsets(
+    group: models.ConsumerGroup, member: models.GroupMember
+) -> dict[inflight.OffsetKey, models.GroupOffset]:
+    """Lock the offset rows the member delivers from, in id order (those that exist yet).
+
+    Caller holds the bookkeeping transaction and the group's lock (member_for_delivery).
+    """
+    subscriber = _subscriber(group, member)
+    partition_ids = membership.held_partitions(group, member, cached=True)
+    return inflight.locked_offsets((group.id, pid, subscriber) for pid in partition_ids)
+
+
 def deliver_in_transaction(
     topic: models.Topic,
     group: models.ConsumerGroup,
@@ -113,8 +130,7 @@ def deliver_in_transaction(
     """
     now = log.now_ms()
     member_id = member.member_id
-    broadcast = group.mode == models.ConsumerGroup.Mode.BROADCAST
-    subscriber = member_id if broadcast else ""
+    subscriber = _subscriber(group, member)
     partition_ids = membership.held_partitions(group, member, cached=True)
     wanted = [(group.id, pid, subscriber) for pid in sorted(partition_ids)]
     if locked is not None and all(key in locked for key in wanted):

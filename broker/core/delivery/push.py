@@ -32,33 +32,59 @@ def ack_and_deliver(
     meets the same error, handles it. An error of the ack itself is raised as ack_messages
     raises it, and then nothing is delivered.
 
-    On SQLite one transaction: the ack reuses the group the member check read and hands its
-    locked offset rows to the delivery. On PostgreSQL two, ack_messages' and then the delivery's:
-    an ack locks the offset rows of its receipts' partitions before the group's, a delivery the
-    group first (docs/architecture.md#locks), and one transaction holding both could deadlock
-    with another ack (SQLite has one writer at a time: no row locks to order).
+    One transaction: the ack reuses the group the member check read and hands the offset rows
+    it locked to the delivery. On PostgreSQL the member's offset rows are locked first, all at
+    once in id order, after the group (docs/architecture.md#locks): an ack alone locks the rows
+    of its receipts' partitions, a delivery the group and then its own, and one transaction
+    that locked the ack's rows and then the delivery's could deadlock with another ack. An ack
+    that names runs outside the member's partitions (receipts of an earlier assignment) is
+    settled in a transaction of its own before the delivery's, as before.
     """
     deliver.validate_max_messages(max_messages)
     try:
         groups.check_consume(principal, topic_name)
     except errors.BrokerError:
         return AckAndDelivery(settle.ack_messages(principal, group_name, receipts))
-    if connection.vendor != "sqlite":
-        acked = settle.ack_messages(principal, group_name, receipts)
-        room = min(max_messages, credit + acked.settled)
-        if room <= 0:
+    try:
+        return _in_one_transaction(
+            principal, group_name, receipts, topic_name, member_id, credit, max_messages
+        )
+    except settle.LocksOutOfOrder:
+        pass
+    acked = settle.ack_messages(principal, group_name, receipts)
+    room = min(max_messages, credit + acked.settled)
+    if room <= 0:
+        return AckAndDelivery(acked)
+    with bulk.bookkeeping():
+        found = _member_or_none(principal, group_name, member_id, topic_name)
+        if found is None:
             return AckAndDelivery(acked)
-        with bulk.bookkeeping():
-            found = _member_or_none(principal, group_name, member_id, topic_name)
-            if found is None:
-                return AckAndDelivery(acked)
-            topic, group, member = found
-            return AckAndDelivery(acked, deliver.deliver_in_transaction(topic, group, member, room))
+        topic, group, member = found
+        return AckAndDelivery(acked, deliver.deliver_in_transaction(topic, group, member, room))
+
+
+def _in_one_transaction(
+    principal: Principal,
+    group_name: str,
+    receipts: list[str],
+    topic_name: str,
+    member_id: str,
+    credit: int,
+    max_messages: int,
+) -> AckAndDelivery:
     with bulk.bookkeeping():
         found = _member_or_none(principal, group_name, member_id, topic_name)
         locked: dict[inflight.OffsetKey, models.GroupOffset] = {}
+        postgresql = connection.vendor == "postgresql"
+        if found is not None and postgresql:
+            locked = deliver.lock_member_offsets(found[1], found[2])
         acked = settle.ack_in_transaction(
-            principal, group_name, receipts, group=found[1] if found else None, locked=locked
+            principal,
+            group_name,
+            receipts,
+            group=found[1] if found else None,
+            locked=locked,
+            lock_more=found is None or not postgresql,
         )
         room = min(max_messages, credit + acked.settled)
         if found is None or room <= 0:
