@@ -120,6 +120,16 @@ def database_config() -> dict[str, Any]:
         # so a kept connection would leak; the hot paths keep theirs on broker/core/dbthreads.
         config = dj_database_url.parse(url, conn_max_age=0)
         config.setdefault("TEST", {})["NAME"] = os.environ.get("FERRY_TEST_DATABASE_NAME")
+        # Parameters bound by the server, and a statement run FERRY_PG_PREPARE_THRESHOLD times
+        # on a connection prepared there: the hot paths repeat a few dozen statements on
+        # long-lived connections, and PostgreSQL then skips their parsing and planning
+        # (docs/benchmarks.md). 0 turns both off (Django's default: client-side binding), for a
+        # transaction-pooling PgBouncer older than 1.21, which cannot keep prepared statements.
+        threshold = int(os.environ.get("FERRY_PG_PREPARE_THRESHOLD", "5"))
+        if threshold > 0:
+            config.setdefault("OPTIONS", {}).update(
+                server_side_binding=True, prepare_threshold=threshold
+            )
         # dj_database_url's DBConfig TypedDict is a plain dict at run time.
         return cast(dict[str, Any], config)
     synchronous = os.environ.get("FERRY_SQLITE_SYNCHRONOUS", "FULL")
