@@ -94,3 +94,21 @@ async def test_append_messages__idempotent_ids_within_a_group(topic_factory):
     assert (first[0].offset, first[0].duplicate) == (0, False)
     assert (second[0].offset, second[0].duplicate) == (0, True)
     await close_thread_connection()
+
+
+def test_append_batches__no_savepoint_when_all_succeed(topic_factory):
+    """Savepoints only on the way back from a failure: two round trips fewer per group commit
+    on PostgreSQL (docs/benchmarks.md)."""
+    from django.test.utils import CaptureQueriesContext
+
+    one, two = topic_factory().name, topic_factory().name
+    with CaptureQueriesContext(connection) as queries:
+        outcomes = groupcommit.append_batches(
+            [
+                (keys.CONSOLE, one, [message(1)]),
+                (keys.CONSOLE, two, [message(2)]),
+                (keys.CONSOLE, one, [message(3), message(4)]),
+            ]
+        )
+    assert [offsets(o) for o in outcomes] == [[0], [0], [1, 2]]
+    assert not [q for q in queries.captured_queries if "SAVEPOINT" in q["sql"].upper()]
