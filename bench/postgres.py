@@ -96,6 +96,7 @@ CORE_SHARE = 0.2
 CFS_PERIOD_US = 100_000
 CGROUP_CPU = Path("/sys/fs/cgroup/cpu")
 SAMPLE_EVERY_S = 0.02
+IDLE_S = 2.0
 WAIT_S = 120
 TARGET_CONSUME_VS_REFERENCE = 0.9
 TARGET_ROUND_TRIP_MS = 3.0
@@ -403,7 +404,7 @@ class Meter:
         self.quotas: list[Quota] = []
         self.statements = False
 
-    def _cpu(self) -> tuple[float, float, float, float]:
+    def cpu(self) -> tuple[float, float, float, float]:
         broker = sum(cpu_seconds(pid) for pid in self.daphnes)
         pg = postgres_cpu(self.postmaster) if self.postmaster else 0.0
         throttled = sum(q.throttled_s() for q in self.quotas)
@@ -416,7 +417,7 @@ class Meter:
             statements_reset(self.url)
         counters = database_counters(self.url) if self.url else {}
         sampler = ActivitySampler(self.url) if self.url else None
-        before = self._cpu()
+        before = self.cpu()
         started = time.perf_counter()
         if sampler:
             sampler.__enter__()
@@ -426,7 +427,7 @@ class Meter:
             if sampler:
                 sampler.__exit__()
         result.seconds = time.perf_counter() - started
-        after = self._cpu()
+        after = self.cpu()
         result.broker_cpu, result.postgres_cpu, result.bench_cpu, result.throttled = (
             a - b for a, b in zip(after, before, strict=True)
         )
@@ -458,8 +459,9 @@ def produce_spread(
     topics_: tuple[str, str],
     requests: int,
     meter: "Meter",
+    producers: int,
 ) -> tuple[dict[int, list[int]], "Counted"]:
-    """PRODUCERS threads, producer i on urls[i % len]; the offsets each partition got.
+    """producers threads, producer i on urls[i % len]; the offsets each partition got.
 
     Each producer warms up (one request to topics_[1]) before the measured part starts.
     """
@@ -486,12 +488,12 @@ def produce_spread(
                 for partition, offset in got:
                     offsets.setdefault(partition, []).append(offset)
 
-    barrier = threading.Barrier(PRODUCERS + 1, timeout=WAIT_S)
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(PRODUCERS)]
+    barrier = threading.Barrier(producers + 1, timeout=WAIT_S)
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(producers)]
     for t in threads:
         t.start()
     barrier.wait()
-    with meter.measure(requests * PRODUCERS * SCALE_BATCH) as counted:
+    with meter.measure(requests * producers * SCALE_BATCH) as counted:
         for t in threads:
             t.join()
     if failures:
@@ -615,6 +617,7 @@ class Single:
     consume: dict[int, Counted] = field(default_factory=dict)
     round_trip: list[float] = field(default_factory=list)
     e2e: list[float] = field(default_factory=list)
+    on_postgres: bool = False
 
 
 def ferry_single(
@@ -635,7 +638,7 @@ def ferry_single(
     log_path = tmp / "daphne-single.log"
     progress(f"starting daphne on 127.0.0.1:{port} (in-memory channel layer)")
     proc = start_daphne(port, log_path, env=env)
-    out = Single()
+    out = Single(on_postgres=postmaster is not None)
     try:
         http_url, ws_url = f"http://127.0.0.1:{port}", f"ws://127.0.0.1:{port}/ws/v1/"
         wait_healthy(http_url, proc, log_path)
@@ -687,6 +690,7 @@ class Scale:
     processes: int
     produce: Counted
     consume: Counted
+    idle_cpu: float  # CPU seconds per second of the Daphne processes, summed, doing nothing
 
 
 def start_redis(tmp: Path) -> tuple[Path, str]:
@@ -710,10 +714,10 @@ def scale_out(
 
     results = []
     requests = scaled(SCALE_REQUESTS, args.scale, 2)
-    total = requests * PRODUCERS * SCALE_BATCH
+    total = requests * args.producers * SCALE_BATCH
     env = dict(os.environ, REDIS_URL=redis_url)
     headers = {"Authorization": f"Bearer {secret}", "Content-Type": "application/json"}
-    for n in PROCESSES:
+    for n in args.processes:
         stamp = f"{os.getpid()}-{n}"
         topic, warm = f"bench-pg-scale-{stamp}", f"bench-pg-scale-warm-{stamp}"
         topics.create_topic(keys.CONSOLE, topic, SCALE_PARTITIONS)
@@ -732,10 +736,15 @@ def scale_out(
                 quotas[-1].add(proc.pid)
             progress(f"{n} daphne(s) up, each held to {CORE_SHARE} of a core")
             meter = Meter(url, [p.pid for p in procs], postmaster)
+            idle_started, idle_cpu = time.perf_counter(), meter.cpu()[0]
+            time.sleep(IDLE_S)
+            idle = (meter.cpu()[0] - idle_cpu) / (time.perf_counter() - idle_started)
             meter.quotas, meter.statements = quotas, args.statements
             urls = [f"http://127.0.0.1:{port}" for port in ports]
-            progress(f"scale-out x{n}: {PRODUCERS} producers, {requests} requests of {SCALE_BATCH}")
-            offsets, produced = produce_spread(urls, headers, (topic, warm), requests, meter)
+            progress(f"scale-out x{n}: {args.producers} producers, {requests} requests each")
+            offsets, produced = produce_spread(
+                urls, headers, (topic, warm), requests, meter, args.producers
+            )
             with httpx.Client(base_url=urls[0], headers=headers, timeout=60) as client:
                 check_contiguous(client, topic, offsets)
             progress(f"  {produced.rate:,.0f} msgs/s; offsets contiguous")
@@ -754,7 +763,7 @@ def scale_out(
                     )
                 )
             progress(f"  {consumed.rate:,.0f} msgs/s; each message once")
-            results.append(Scale(n, produced, consumed))
+            results.append(Scale(n, produced, consumed, idle))
         finally:
             for proc in procs:
                 stop_daphne(proc)
@@ -771,6 +780,7 @@ def verdict(ok: bool) -> str:
 
 
 def report(
+    producers: int,
     header: list[tuple[str, str]],
     ref: dict[str, dict[int, float]] | None,
     single: Single | None,
@@ -782,7 +792,8 @@ def report(
     lines += [f"  {k.ljust(width)} : {v}" for k, v in header]
     lines.append("")
     cols = "".join(f"{'B=' + str(b):>10}" for b in BATCHES)
-    lines.append(f"  {'msgs/s':<52}{cols}   broker / PG CPU s per 1k msgs at B=1, 100, 1000")
+    cpu = "broker / PG CPU" if single and single.on_postgres else "broker CPU"
+    lines.append(f"  {'msgs/s':<52}{cols}   {cpu} s per 1k msgs at B=1, 100, 1000")
     lines.append("  " + "-" * 120)
     if ref:
         for kind, text in (
@@ -798,8 +809,12 @@ def report(
         ):
             cells = "".join(f"{phases[b].rate:>10,.0f}" for b in BATCHES)
             cpu = ", ".join(
-                f"{phases[b].per_1k(phases[b].broker_cpu):.3f} / "
-                f"{phases[b].per_1k(phases[b].postgres_cpu):.3f}"
+                f"{phases[b].per_1k(phases[b].broker_cpu):.3f}"
+                + (
+                    f" / {phases[b].per_1k(phases[b].postgres_cpu):.3f}"
+                    if single.on_postgres
+                    else ""
+                )
                 for b in BATCHES
             )
             lines.append(f"  {name:<52}{cells}   {cpu}")
@@ -833,7 +848,7 @@ def report(
         lines += [
             "",
             f"  scale-out: each Daphne held to {CORE_SHARE} of a core (cgroup v1 quota), "
-            f"Redis channel layer; {PRODUCERS} producers x B={SCALE_BATCH} on "
+            f"Redis channel layer; {producers} producers x B={SCALE_BATCH} on "
             f"{SCALE_PARTITIONS} partitions, then {CONSUMERS} consumers in one clustering "
             f"group (prefetch {SCALE_PREFETCH}, ack per {SCALE_ACK}); clients round robin "
             "over the processes' ports (no load balancer)",
@@ -865,6 +880,8 @@ def report(
                     f"{c.activity.get('running', 0):>6.2f}{c.activity.get('lock wait', 0):>6.2f}"
                     f"{c.activity.get('idle in txn', 0):>7.2f}"
                 )
+        idle = ", ".join(f"x{s.processes} {s.idle_cpu * 1000:.0f} ms/s" for s in scale)
+        lines.append(f"  broker CPU while idle ({IDLE_S:.0f} s before produce, summed): {idle}")
         lines.append(
             f"  target: broker and PG CPU per message within {TARGET_CPU_GROWTH:.0%} of one "
             "process's (the 'x' columns <= "
@@ -906,6 +923,15 @@ def main() -> int:
         "--only",
         default="reference,ferry,scale",
         help="comma-separated parts: reference, ferry, scale (the first and last need PostgreSQL)",
+    )
+    parser.add_argument(
+        "--processes",
+        type=lambda text: [int(n) for n in text.split(",")],
+        default=list(PROCESSES),
+        help="Daphne process counts of the scale-out, the first the base (default 1,2,4)",
+    )
+    parser.add_argument(
+        "--producers", type=int, default=PRODUCERS, help="scale-out producers (default 16)"
     )
     parser.add_argument(
         "--statements",
@@ -968,7 +994,7 @@ def main() -> int:
                 "in this process",
             ),
         ]
-        print(report(header, ref, single, scale, skipped), flush=True)
+        print(report(args.producers, header, ref, single, scale, skipped), flush=True)
         ok = True
         return 0
     finally:
