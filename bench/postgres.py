@@ -33,15 +33,19 @@ DATABASE_URL); not part of the test suite (STYLE.md §6). One process, one machi
      messages) take every message exactly once;
    - msgs/s and the ratio to one process; CPU per 1,000 messages of the Daphne processes
      (summed) and of PostgreSQL (the postmaster and its children, exited ones included); how
-     much of the quota the processes used; PostgreSQL's commits and rollbacks per 1,000
-     messages (pg_stat_database) and what its client backends were doing (pg_stat_activity
-     sampled every 20 ms: running, waiting on a lock, idle in a transaction);
+     much of the quota the processes used and how long they were throttled; PostgreSQL's
+     transaction ids assigned (a write transaction and each writing savepoint take one) and
+     WAL written per 1,000 messages, and what its client backends were doing
+     (pg_stat_activity sampled every 20 ms: running, waiting on a lock, idle in a
+     transaction), with the statements most often seen waiting on a lock;
+   - first, each set of processes idle for 2 s: their CPU doing nothing;
    - --statements: pg_stat_statements is loaded (ALTER SYSTEM, the throwaway server
      restarted) and each scale-out phase's top statements are printed per 1,000 messages.
 4. prints one table with the targets beside the figures, and stops every process it started
    by its PID (Daphnes, Redis), removing the cgroups (always).
 
     scripts/with-postgres .venv/bin/python bench/postgres.py [--scale 0.2] [--only ...]
+        [--processes 1,2,4] [--producers 16] [--statements]
 """
 
 import argparse
