@@ -21,6 +21,8 @@ DATABASE_URL); not part of the test suite (STYLE.md §6). One process, one machi
      and time until the next `messages` frame arrives; p50/p99;
    - end to end at 100 msgs/s: single-message publish frames to a subscriber, p50/p99;
    - the broker's (Daphne's /proc/<pid>/stat) and PostgreSQL's CPU per 1,000 messages;
+   - on PostgreSQL the message table is analyzed (untimed) between produce and consume, so
+     that every consume reads its new partitions with the same plan (see analyze());
 3. scale-out (PostgreSQL only, as root with cgroup v1's cpu controller): 1, 2 and 4 Daphne
    processes on the same PostgreSQL, with a private Redis (scripts/redis) as the channel layer
    and background jobs off, each process held to 0.2 of a core (cpu.cfs_quota_us 20000 of
@@ -226,6 +228,18 @@ def reference(url: str, scale: float) -> dict[str, dict[int, float]]:
             conn.execute(f"DROP TABLE {table}")
             conn.commit()
     return out
+
+
+def analyze(url: str) -> None:
+    """ANALYZE the message table, so that the planner knows the partitions just filled.
+
+    Without it a partition created after the table's last ANALYZE is estimated at about one
+    row, and the read of a delivery (`partition_id = %s AND "offset" >= %s AND "offset" < %s
+    ORDER BY "offset"`) may pick message_partition_ts_idx and filter the whole partition
+    instead of the (partition_id, offset) index: see docs/benchmarks.md. Untimed.
+    """
+    with pg_connect(url, "ferry") as conn:
+        conn.execute("ANALYZE broker_message")
 
 
 def database_counters(url: str) -> dict[str, int]:
@@ -440,9 +454,7 @@ class Meter:
             result.xids = now["xids"] - counters["xids"]
             result.wal_bytes = now["wal"] - counters["wal"]
         if sampler:
-            result.activity = {
-                s: sampler.mean(s) for s in ("running", "lock wait", "idle in txn", "LWLock")
-            }
+            result.activity = {s: sampler.mean(s) for s in sampler.states}
             result.waits = sampler.waiting.most_common(3)
         if self.url and self.statements:
             result.statements = statements_top(self.url)
@@ -656,6 +668,8 @@ def ferry_single(
                 with meter.measure(requests * batch) as counted:
                     produce_sequential(client, names[batch], batch, requests)
                 out.produce[batch] = counted
+                if url:
+                    analyze(url)
                 progress(f"  {counted.rate:,.0f} msgs/s")
                 progress(f"ferry consume: prefetch {2 * batch}, an ack per {batch}")
                 with meter.measure(requests * batch) as counted:
@@ -752,6 +766,7 @@ def scale_out(
             with httpx.Client(base_url=urls[0], headers=headers, timeout=60) as client:
                 check_contiguous(client, topic, offsets)
             progress(f"  {produced.rate:,.0f} msgs/s; offsets contiguous")
+            analyze(url)
             ws_urls = [f"ws://127.0.0.1:{ports[i % n]}/ws/v1/" for i in range(CONSUMERS)]
             progress(f"scale-out x{n}: {CONSUMERS} consumers, prefetch {SCALE_PREFETCH}")
             with meter.measure(total) as consumed:
@@ -894,6 +909,13 @@ def report(
         for s in scale:
             for kind in ("produce", "consume"):
                 c = getattr(s, kind)
+                other = ", ".join(
+                    f"{name} {mean:.2f}"
+                    for name, mean in sorted(c.activity.items())
+                    if name not in ("running", "lock wait", "idle in txn")
+                )
+                if other:
+                    lines.append(f"  other waits, {kind} x{s.processes} (mean backends): {other}")
                 if c.waits:
                     waits = "; ".join(f"{n} x {w}" for w, n in c.waits)
                     lines.append(f"  lock waits, {kind} x{s.processes}: {waits}")
