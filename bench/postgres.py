@@ -328,7 +328,11 @@ def statements_control(url: str) -> dict[str, int]:
             " AND split_part(upper(query), ' ', 1) IN"
             " ('BEGIN', 'COMMIT', 'ROLLBACK', 'SAVEPOINT', 'RELEASE') GROUP BY 1"
         ).fetchall()
-    return {name: int(calls) for name, calls in rows}
+        total = conn.execute(
+            "SELECT sum(calls) FROM pg_stat_statements"
+            " WHERE dbid = (SELECT oid FROM pg_database WHERE datname = 'ferry')"
+        ).fetchone()[0]
+    return {"all statements": int(total or 0)} | {name: int(calls) for name, calls in rows}
 
 
 # --- cgroup v1 CPU quota -------------------------------------------------------------------
@@ -634,6 +638,7 @@ class Single:
     round_trip: list[float] = field(default_factory=list)
     e2e: list[float] = field(default_factory=list)
     on_postgres: bool = False
+    round_trip_cost: Counted | None = None
 
 
 def ferry_single(
@@ -659,6 +664,7 @@ def ferry_single(
         http_url, ws_url = f"http://127.0.0.1:{port}", f"ws://127.0.0.1:{port}/ws/v1/"
         wait_healthy(http_url, proc, log_path)
         meter = Meter(url, [proc.pid], postmaster)
+        meter.statements = args.statements
         headers = {"Authorization": f"Bearer {secret}", "Content-Type": "application/json"}
         with httpx.Client(base_url=http_url, headers=headers, timeout=60) as client:
             for batch in BATCHES:
@@ -689,7 +695,10 @@ def ferry_single(
             trips = scaled(ROUND_TRIPS, args.scale)
             produce_sequential(client, rt, 100, (2 * trips + 10) // 100 + 1)
         progress(f"round trip at prefetch 2: {trips} acks")
-        out.round_trip = asyncio.run(round_trips(ws_url, secret, rt, trips))
+        # Counted per 1,000 round trips (its "messages" are the acks).
+        with meter.measure(trips) as counted:
+            out.round_trip = asyncio.run(round_trips(ws_url, secret, rt, trips))
+        out.round_trip_cost = counted
         progress(f"  p50 {statistics.median(out.round_trip):.2f} ms")
         seconds = max(2, round(E2E_SECONDS * args.scale))
         progress(f"end to end: {E2E_RATE} msgs/s for {seconds} s")
@@ -923,23 +932,34 @@ def report(
         for s in scale:
             for kind in ("produce", "consume"):
                 c = getattr(s, kind)
-                if not c.statements:
-                    continue
-                control = ", ".join(
-                    f"{name} {c.per_1k(calls):.1f}" for name, calls in sorted(c.control.items())
-                )
-                lines += [
-                    "",
-                    f"  statements, {kind} x{s.processes} (per 1k msgs: calls, ms, rows); "
-                    f"per 1k msgs: {control}",
-                ]
-                for calls, ms, rows, query in c.statements:
-                    lines.append(
-                        f"  {c.per_1k(calls):>8.1f}{c.per_1k(ms):>9.1f}{c.per_1k(rows):>9.0f}"
-                        f"  {query[:90]}"
-                    )
+                if c.statements:
+                    lines += statement_lines(f"{kind} x{s.processes}", c)
+    if single:
+        for batch in BATCHES:
+            for kind, phases in (("produce", single.produce), ("consume", single.consume)):
+                if phases[batch].statements:
+                    lines += statement_lines(f"Ferry {kind} B={batch}", phases[batch])
+        cost = single.round_trip_cost
+        if cost and cost.statements:
+            lines += statement_lines("round trip at prefetch 2", cost, "round trips")
     lines.append("")
     return "\n".join(lines)
+
+
+def statement_lines(title: str, c: Counted, unit: str = "msgs") -> list[str]:
+    """A phase's costliest statements and its transaction control, per 1,000 messages."""
+    control = ", ".join(
+        f"{name} {c.per_1k(calls):.1f}" for name, calls in sorted(c.control.items())
+    )
+    lines = [
+        "",
+        f"  statements, {title} (per 1k {unit}: calls, ms, rows); per 1k {unit}: {control}",
+    ]
+    for calls, ms, rows, query in c.statements:
+        lines.append(
+            f"  {c.per_1k(calls):>8.1f}{c.per_1k(ms):>9.1f}{c.per_1k(rows):>9.0f}  {query[:90]}"
+        )
+    return lines
 
 
 def main() -> int:
