@@ -256,13 +256,15 @@ def database_counters(url: str) -> dict[str, int]:
 class ActivitySampler:
     """pg_stat_activity of the ferry database's client backends, every SAMPLE_EVERY_S.
 
-    Its own connection is to the `postgres` database, so its queries are not counted in the
-    ferry database's commits.
+    Its own connection is to the `postgres` database, so that its queries are not counted with
+    the ferry database's statements; its backend's CPU is taken off PostgreSQL's (own_cpu).
     """
 
     def __init__(self, url: str) -> None:
         self.url = url
         self.samples = 0
+        # CPU seconds of the sampler's own backend, to be taken off PostgreSQL's.
+        self.own_cpu = 0.0
         self.states: Counter[str] = Counter()
         self.waiting: Counter[str] = Counter()
         self._stop = threading.Event()
@@ -274,6 +276,7 @@ class ActivitySampler:
             " WHERE datname = 'ferry' AND backend_type = 'client backend'"
         )
         with pg_connect(self.url, "postgres") as conn:
+            backend = conn.info.backend_pid
             while not self._stop.wait(SAMPLE_EVERY_S):
                 rows = conn.execute(query).fetchall()
                 self.samples += 1
@@ -287,6 +290,8 @@ class ActivitySampler:
                         self.states[f"{wait_type}"] += 1
                     elif state == "idle in transaction":
                         self.states["idle in txn"] += 1
+            fields = _stat(backend)
+            self.own_cpu = (int(fields[11]) + int(fields[12])) / TICKS
 
     def __enter__(self) -> "ActivitySampler":
         self._thread.start()
@@ -458,6 +463,8 @@ class Meter:
             result.xids = now["xids"] - counters["xids"]
             result.wal_bytes = now["wal"] - counters["wal"]
         if sampler:
+            result.postgres_cpu -= sampler.own_cpu
+            progress(f"  (the sampler's backend used {sampler.own_cpu:.2f} s, not counted)")
             result.activity = {s: sampler.mean(s) for s in sampler.states}
             result.waits = sampler.waiting.most_common(3)
         if self.url and self.statements:
@@ -478,9 +485,9 @@ def produce_spread(
     headers: dict[str, str],
     topics_: tuple[str, str],
     requests: int,
-    meter: "Meter",
+    meter: Meter,
     producers: int,
-) -> tuple[dict[int, list[int]], "Counted"]:
+) -> tuple[dict[int, list[int]], Counted]:
     """producers threads, producer i on urls[i % len]; the offsets each partition got.
 
     Each producer warms up (one request to topics_[1]) before the measured part starts.
