@@ -168,9 +168,11 @@ async def consume_one_by_one(ws_url: str, secret: str, topic: str, total: int) -
         return total / (time.perf_counter() - started)
 
 
-async def end_to_end(ws_url: str, secret: str, topic: str) -> list[float]:
-    """Milliseconds from a single-message publish frame to its arrival, at LATENCY_RATE."""
-    total = LATENCY_RATE * LATENCY_SECONDS
+async def end_to_end(
+    ws_url: str, secret: str, topic: str, rate: int = LATENCY_RATE, seconds: int = LATENCY_SECONDS
+) -> list[float]:
+    """Milliseconds from a single-message publish frame to its arrival, at rate msgs/s."""
+    total = rate * seconds
     async with await open_ws(ws_url, secret) as sub, await open_ws(ws_url, secret) as pub:
         await subscribe(sub, topic, "bench-e2e", prefetch=64, **{"from": "latest"})
         arrived: dict[int, float] = {}
@@ -193,7 +195,7 @@ async def end_to_end(ws_url: str, secret: str, topic: str) -> list[float]:
         tasks = asyncio.gather(listen(), answers())
         start = time.perf_counter()
         for i in range(total):
-            delay = start + i / LATENCY_RATE - time.perf_counter()
+            delay = start + i / rate - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
             sent_at[i] = time.perf_counter()

@@ -236,9 +236,16 @@ def cleanup_fixtures(stamp: str, topic_names: list[str]) -> None:
 # --- Server side: Daphne and the REST client ------------------------------------------------
 
 
-def start_daphne(port: int, log_path: Path, background: bool = False) -> subprocess.Popen[bytes]:
-    """Daphne on 127.0.0.1:port; background=True runs its in-process jobs (the scheduler)."""
-    env = dict(os.environ, FERRY_BACKGROUND_IN_PROCESS="1" if background else "0")
+def start_daphne(
+    port: int, log_path: Path, background: bool = False, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    """Daphne on 127.0.0.1:port; background=True runs its in-process jobs (the scheduler).
+
+    env replaces the bench's own environment when given (FERRY_BACKGROUND_IN_PROCESS is set
+    either way).
+    """
+    env = dict(os.environ if env is None else env)
+    env["FERRY_BACKGROUND_IN_PROCESS"] = "1" if background else "0"
     command = [
         sys.executable,
         "-m",

@@ -1,0 +1,1064 @@
+"""PostgreSQL speed and scale-out (issue 18): Ferry beside plain SQL on the same server.
+
+Run by `make bench` (scripts/bench) on a throwaway PostgreSQL (scripts/with-postgres exports
+DATABASE_URL); not part of the test suite (STYLE.md §6). One process, one machine, one run:
+
+1. reference (PostgreSQL only), psycopg 3 straight to the same server, one connection:
+   - produce: `executemany` of a single-row INSERT of (key text, value bytea) rows, keyed
+     256-byte values, into a plain table (bigserial primary key, no other index), then COMMIT,
+     B rows per transaction (B = 1, 100, 1000);
+   - consume: `SELECT id, key, value ... ORDER BY id LIMIT B FOR UPDATE SKIP LOCKED`, then
+     `DELETE ... WHERE id = ANY(ids)`, then COMMIT, until the table is empty;
+2. Ferry on one Daphne process (the in-memory channel layer, background jobs off, as
+   bench/websocket.py), on the database the environment names (PostgreSQL, or the embedded
+   SQLite when DATABASE_URL is unset: `.venv/bin/python bench/postgres.py --only ferry`):
+   - produce over REST, one sequential client, B keyed 256-byte messages per request, into a
+     1-partition topic per B;
+   - consume those messages over one WebSocket, prefetch 2*B, an ack frame per B messages,
+     until every message is settled (the last `acked` answered); every (partition, offset)
+     exactly once;
+   - round trip at prefetch 2: with both messages of the credit in hand, ack them in one frame
+     and time until the next `messages` frame arrives; p50/p99;
+   - end to end at 100 msgs/s: single-message publish frames to a subscriber, p50/p99;
+   - the broker's (Daphne's /proc/<pid>/stat) and PostgreSQL's CPU per 1,000 messages;
+   - on PostgreSQL the message table is analyzed (untimed) between produce and consume, so
+     that every consume reads its new partitions with the same plan (see analyze());
+3. scale-out (PostgreSQL only, as root with cgroup v1's cpu controller): 1, 2 and 4 Daphne
+   processes on the same PostgreSQL, with a private Redis (scripts/redis) as the channel layer
+   and background jobs off, each process held to 0.2 of a core (cpu.cfs_quota_us 20000 of
+   cpu.cfs_period_us 100000 in /sys/fs/cgroup/cpu/ferry-bench-<pid>-<n>/): a stand-in for one
+   process per machine. There is no load balancer: each client connects to one process's
+   port, round robin. Per process count:
+   - produce: 16 producer threads, B=100 keyed messages per request, a 4-partition topic;
+     afterwards every partition's offsets are contiguous (results and end offsets agree);
+   - consume: 4 WebSocket consumers in one clustering group (prefetch 200, an ack frame per 100
+     messages) take every message exactly once;
+   - msgs/s and the ratio to one process; CPU per 1,000 messages of the Daphne processes
+     (summed) and of PostgreSQL (the postmaster and its children, exited ones included); how
+     much of the quota the processes used and how long they were throttled; PostgreSQL's
+     transaction ids assigned (a write transaction and each writing savepoint take one) and
+     WAL written per 1,000 messages, and what its client backends were doing
+     (pg_stat_activity sampled every 20 ms: running, waiting on a lock, idle in a
+     transaction), with the statements most often seen waiting on a lock;
+   - first, each set of processes idle for 2 s: their CPU doing nothing;
+   - --statements: pg_stat_statements is loaded (ALTER SYSTEM, the throwaway server
+     restarted) and each scale-out phase's top statements are printed per 1,000 messages.
+4. prints one table with the targets beside the figures, and stops every process it started
+   by its PID (Daphnes, Redis), removing the cgroups (always).
+
+    scripts/with-postgres .venv/bin/python bench/postgres.py [--scale 0.2] [--only ...]
+        [--processes 1,2,4] [--producers 16] [--statements]
+"""
+
+import argparse
+import asyncio
+import os
+import platform
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+from per_message import cpu_seconds, end_to_end
+from produce_fetch import (
+    ROOT,
+    VALUE,
+    VALUE_BYTES,
+    command_line,
+    database_description,
+    free_port,
+    progress,
+    setup_django,
+    start_daphne,
+    stop_daphne,
+    wait_healthy,
+)
+from websocket import frame, open_ws, percentile, receive, subscribe
+from websockets.asyncio.client import ClientConnection
+
+BATCHES = (1, 100, 1000)
+# Messages per batch size at --scale 1: the reference's and Ferry's.
+REFERENCE_MESSAGES = {1: 5000, 100: 100_000, 1000: 200_000}
+FERRY_MESSAGES = {1: 1000, 100: 50_000, 1000: 100_000}
+ROUND_TRIPS = 300
+E2E_RATE, E2E_SECONDS = 100, 5
+PROCESSES = (1, 2, 4)
+PRODUCERS, SCALE_BATCH, SCALE_PARTITIONS = 16, 100, 4
+SCALE_REQUESTS = 50  # per producer at --scale 1
+CONSUMERS, SCALE_PREFETCH, SCALE_ACK = 4, 200, 100
+CORE_SHARE = 0.2
+CFS_PERIOD_US = 100_000
+CGROUP_CPU = Path("/sys/fs/cgroup/cpu")
+SAMPLE_EVERY_S = 0.02
+IDLE_S = 2.0
+WAIT_S = 120
+TARGET_CONSUME_VS_REFERENCE = 0.9
+TARGET_ROUND_TRIP_MS = 3.0
+TARGET_SCALE = {2: 1.8, 4: 3.2}
+TARGET_CPU_GROWTH = 0.15
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def body(batch: int, prefix: str = "k") -> bytes:
+    """A produce request of batch keyed 256-byte messages."""
+    return orjson.dumps(
+        {"messages": [{"key": f"{prefix}{i}", "value": VALUE} for i in range(batch)]}
+    )
+
+
+def scaled(n: int, scale: float, least: int = 10) -> int:
+    return max(least, round(n * scale))
+
+
+# --- CPU accounting ----------------------------------------------------------------------
+
+
+def _stat(pid: int) -> list[str]:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
+def postgres_cpu(postmaster: int) -> float:
+    """CPU seconds of the PostgreSQL server so far: the postmaster, its live children, and
+    the children that exited (the postmaster waited for them: its cutime and cstime)."""
+    fields = _stat(postmaster)
+    total = sum(int(fields[i]) for i in (11, 12, 13, 14))
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with suppress(OSError, IndexError, ValueError):
+            child = _stat(int(entry.name))
+            if int(child[1]) == postmaster:
+                total += int(child[11]) + int(child[12])
+    return total / TICKS
+
+
+def bench_cpu() -> float:
+    times = os.times()
+    return times.user + times.system
+
+
+# --- PostgreSQL: the reference, the server's pid, statistics ------------------------------
+
+
+def pg_connect(url: str, dbname: str | None = None) -> Any:
+    import psycopg
+
+    conninfo = psycopg.conninfo.make_conninfo(url, dbname=dbname) if dbname else url
+    return psycopg.connect(conninfo, autocommit=dbname is not None)
+
+
+def data_directory(url: str) -> Path:
+    with pg_connect(url, "postgres") as conn:
+        return Path(conn.execute("SHOW data_directory").fetchone()[0])
+
+
+def postmaster_pid(url: str) -> int:
+    """The first line of postmaster.pid in the server's data directory."""
+    return int((data_directory(url) / "postmaster.pid").read_text().split()[0])
+
+
+def load_pg_stat_statements(url: str) -> None:
+    """Restart the throwaway server with pg_stat_statements loaded (scripts/postgres resume)."""
+    directory = data_directory(url).parent
+    with pg_connect(url, "postgres") as conn:
+        conn.execute("ALTER SYSTEM SET shared_preload_libraries = 'pg_stat_statements'")
+    progress(f"restarting PostgreSQL in {directory} with pg_stat_statements")
+    for action in ("stop", "resume"):
+        subprocess.run([str(ROOT / "scripts/postgres"), action, str(directory)], check=True)
+    with pg_connect(url, "ferry") as conn:
+        conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+
+
+def reference(url: str, scale: float) -> dict[str, dict[int, float]]:
+    """Plain executemany + COMMIT produce, then SELECT .. FOR UPDATE + DELETE + COMMIT consume."""
+    out: dict[str, dict[int, float]] = {"produce": {}, "consume": {}}
+    with pg_connect(url) as conn:
+        for batch in BATCHES:
+            table = f"bench_plain_{batch}"
+            total = scaled(REFERENCE_MESSAGES[batch], scale, batch * 5) // batch * batch
+            conn.execute(f"DROP TABLE IF EXISTS {table}")
+            conn.execute(
+                f"CREATE TABLE {table} (id bigserial PRIMARY KEY, key text NOT NULL,"
+                " value bytea NOT NULL)"
+            )
+            conn.commit()
+            rows = [(f"k{i}", VALUE_BYTES) for i in range(batch)]
+            insert = f"INSERT INTO {table} (key, value) VALUES (%s, %s)"
+            progress(f"reference produce: {total // batch} transactions of {batch} row(s)")
+            with conn.cursor() as cur:
+                started = time.perf_counter()
+                for _ in range(total // batch):
+                    cur.executemany(insert, rows)
+                    conn.commit()
+                out["produce"][batch] = total / (time.perf_counter() - started)
+            progress(f"  {out['produce'][batch]:,.0f} msgs/s")
+            select = (
+                f"SELECT id, key, value FROM {table} ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED"
+            )
+            delete = f"DELETE FROM {table} WHERE id = ANY(%s)"
+            progress(f"reference consume: {batch} row(s) per transaction")
+            got = 0
+            with conn.cursor() as cur:
+                started = time.perf_counter()
+                for _ in range(total // batch + 1):
+                    cur.execute(select, (batch,))
+                    ids = [row[0] for row in cur.fetchall()]
+                    if not ids:
+                        break
+                    cur.execute(delete, (ids,))
+                    conn.commit()
+                    got += len(ids)
+                out["consume"][batch] = got / (time.perf_counter() - started)
+            conn.commit()
+            if got != total:
+                raise RuntimeError(f"reference consume took {got} of {total} rows")
+            progress(f"  {out['consume'][batch]:,.0f} msgs/s")
+            conn.execute(f"DROP TABLE {table}")
+            conn.commit()
+    return out
+
+
+def analyze(url: str) -> None:
+    """ANALYZE the message table, so that the planner knows the partitions just filled.
+
+    Without it a partition created after the table's last ANALYZE is estimated at about one
+    row, and the read of a delivery (`partition_id = %s AND "offset" >= %s AND "offset" < %s
+    ORDER BY "offset"`) may pick message_partition_ts_idx and filter the whole partition
+    instead of the (partition_id, offset) index: see docs/benchmarks.md. Untimed.
+    """
+    with pg_connect(url, "ferry") as conn:
+        conn.execute("ANALYZE broker_message")
+
+
+def database_counters(url: str) -> dict[str, int]:
+    """The next transaction id and the WAL position: unlike pg_stat_database, which backends
+    report up to seconds late, both move at once. Neither query assigns an id or writes WAL."""
+    with pg_connect(url, "postgres") as conn:
+        row = conn.execute(
+            "SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint,"
+            " pg_current_wal_lsn() - '0/0'::pg_lsn"
+        ).fetchone()
+    return {"xids": int(row[0]), "wal": int(row[1])}
+
+
+class ActivitySampler:
+    """pg_stat_activity of the ferry database's client backends, every SAMPLE_EVERY_S.
+
+    Its own connection is to the `postgres` database, so that its queries are not counted with
+    the ferry database's statements; its backend's CPU is taken off PostgreSQL's (own_cpu).
+    """
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.samples = 0
+        # CPU seconds of the sampler's own backend, to be taken off PostgreSQL's.
+        self.own_cpu = 0.0
+        self.states: Counter[str] = Counter()
+        self.waiting: Counter[str] = Counter()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        query = (
+            "SELECT state, wait_event_type, wait_event, left(query, 60) FROM pg_stat_activity"
+            " WHERE datname = 'ferry' AND backend_type = 'client backend'"
+        )
+        with pg_connect(self.url, "postgres") as conn:
+            backend = conn.info.backend_pid
+            while not self._stop.wait(SAMPLE_EVERY_S):
+                rows = conn.execute(query).fetchall()
+                self.samples += 1
+                for state, wait_type, wait_event, text in rows:
+                    if state == "active" and wait_type == "Lock":
+                        self.states["lock wait"] += 1
+                        self.waiting[f"{wait_event}: {' '.join(text.split())}"] += 1
+                    elif state == "active" and wait_type is None:
+                        self.states["running"] += 1
+                    elif state == "active":
+                        self.states[f"{wait_type}"] += 1
+                    elif state == "idle in transaction":
+                        self.states["idle in txn"] += 1
+            fields = _stat(backend)
+            self.own_cpu = (int(fields[11]) + int(fields[12])) / TICKS
+
+    def __enter__(self) -> "ActivitySampler":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def mean(self, state: str) -> float:
+        return self.states[state] / max(1, self.samples)
+
+
+def statements_reset(url: str) -> None:
+    with pg_connect(url, "ferry") as conn:
+        conn.execute("SELECT pg_stat_statements_reset()")
+
+
+def statements_top(url: str, limit: int = 10) -> list[tuple[int, float, int, str]]:
+    """(calls, total ms, rows, query) of the ferry database's costliest statements."""
+    with pg_connect(url, "ferry") as conn:
+        rows = conn.execute(
+            "SELECT calls, total_exec_time, rows, query FROM pg_stat_statements"
+            " WHERE dbid = (SELECT oid FROM pg_database WHERE datname = 'ferry')"
+            " AND query NOT LIKE '%%pg_stat_statements%%'"
+            " ORDER BY total_exec_time DESC LIMIT %s",
+            (limit,),
+        ).fetchall()
+    return [(r[0], r[1], r[2], " ".join(r[3].split())) for r in rows]
+
+
+def statements_control(url: str) -> dict[str, int]:
+    """Calls of the transaction-control statements: commits, rollbacks, savepoints."""
+    with pg_connect(url, "ferry") as conn:
+        rows = conn.execute(
+            "SELECT upper(split_part(query, ' ', 1)) || CASE WHEN query ILIKE 'rollback to%%'"
+            " THEN ' TO' ELSE '' END, sum(calls) FROM pg_stat_statements"
+            " WHERE dbid = (SELECT oid FROM pg_database WHERE datname = 'ferry')"
+            " AND split_part(upper(query), ' ', 1) IN"
+            " ('BEGIN', 'COMMIT', 'ROLLBACK', 'SAVEPOINT', 'RELEASE') GROUP BY 1"
+        ).fetchall()
+        total = conn.execute(
+            "SELECT sum(calls) FROM pg_stat_statements"
+            " WHERE dbid = (SELECT oid FROM pg_database WHERE datname = 'ferry')"
+        ).fetchone()[0]
+    return {"all statements": int(total or 0)} | {name: int(calls) for name, calls in rows}
+
+
+# --- cgroup v1 CPU quota -------------------------------------------------------------------
+
+
+def cgroup_unavailable() -> str | None:
+    """Why the CPU quota cannot be set here, or None."""
+    if os.geteuid() != 0:
+        return "not root (cgroup v1 quotas need root)"
+    if not (CGROUP_CPU / "cpu.cfs_quota_us").exists():
+        return f"no cgroup v1 cpu controller at {CGROUP_CPU}"
+    probe = CGROUP_CPU / f"ferry-bench-{os.getpid()}-probe"
+    try:
+        probe.mkdir()
+        probe.rmdir()
+    except OSError as exc:
+        return f"cannot create a cgroup under {CGROUP_CPU}: {exc}"
+    return None
+
+
+class Quota:
+    """One cgroup per Daphne process, each held to CORE_SHARE of a core."""
+
+    def __init__(self, index: int) -> None:
+        self.path = CGROUP_CPU / f"ferry-bench-{os.getpid()}-{index}"
+        self.path.mkdir()
+        (self.path / "cpu.cfs_period_us").write_text(str(CFS_PERIOD_US))
+        (self.path / "cpu.cfs_quota_us").write_text(str(round(CFS_PERIOD_US * CORE_SHARE)))
+
+    def add(self, pid: int) -> None:
+        """The process and all its threads (cgroup.procs moves the thread group)."""
+        (self.path / "cgroup.procs").write_text(str(pid))
+
+    def throttled_s(self) -> float:
+        for line in (self.path / "cpu.stat").read_text().splitlines():
+            name, value = line.split()
+            if name == "throttled_time":
+                return int(value) / 1e9
+        return 0.0
+
+    def remove(self) -> None:
+        """rmdir, after moving any process still in it back to the root group."""
+        with suppress(OSError):
+            for pid in (self.path / "cgroup.procs").read_text().split():
+                with suppress(OSError):
+                    (CGROUP_CPU / "cgroup.procs").write_text(pid)
+        for _ in range(50):
+            try:
+                self.path.rmdir()
+                return
+            except FileNotFoundError:
+                return
+            except OSError:
+                time.sleep(0.1)
+        progress(f"could not remove {self.path}")
+
+
+# --- Ferry over REST and WebSocket --------------------------------------------------------
+
+
+@dataclass
+class Counted:
+    """A phase's rate and what it cost, per 1,000 messages."""
+
+    messages: int
+    seconds: float
+    broker_cpu: float = 0.0
+    postgres_cpu: float = 0.0
+    bench_cpu: float = 0.0
+    throttled: float = 0.0
+    xids: int = 0
+    wal_bytes: int = 0
+    control: dict[str, int] = field(default_factory=dict)
+    activity: dict[str, float] = field(default_factory=dict)
+    waits: list[tuple[str, int]] = field(default_factory=list)
+    statements: list[tuple[int, float, int, str]] = field(default_factory=list)
+
+    @property
+    def rate(self) -> float:
+        return self.messages / self.seconds
+
+    def per_1k(self, value: float) -> float:
+        return value / self.messages * 1000
+
+
+class Meter:
+    """CPU, commits, lock waits and statements around a phase."""
+
+    def __init__(self, url: str | None, daphnes: list[int], postmaster: int | None) -> None:
+        self.url, self.daphnes, self.postmaster = url, daphnes, postmaster
+        self.quotas: list[Quota] = []
+        self.statements = False
+
+    def cpu(self) -> tuple[float, float, float, float]:
+        broker = sum(cpu_seconds(pid) for pid in self.daphnes)
+        pg = postgres_cpu(self.postmaster) if self.postmaster else 0.0
+        throttled = sum(q.throttled_s() for q in self.quotas)
+        return broker, pg, bench_cpu(), throttled
+
+    @contextmanager
+    def measure(self, messages: int) -> Iterator[Counted]:
+        result = Counted(messages, 0.0)
+        if self.url and self.statements:
+            statements_reset(self.url)
+        counters = database_counters(self.url) if self.url else {}
+        sampler = ActivitySampler(self.url) if self.url else None
+        before = self.cpu()
+        started = time.perf_counter()
+        if sampler:
+            sampler.__enter__()
+        try:
+            yield result
+        finally:
+            if sampler:
+                sampler.__exit__()
+        result.seconds = time.perf_counter() - started
+        after = self.cpu()
+        result.broker_cpu, result.postgres_cpu, result.bench_cpu, result.throttled = (
+            a - b for a, b in zip(after, before, strict=True)
+        )
+        if self.url:
+            now = database_counters(self.url)
+            result.xids = now["xids"] - counters["xids"]
+            result.wal_bytes = now["wal"] - counters["wal"]
+        if sampler:
+            result.postgres_cpu -= sampler.own_cpu
+            progress(f"  (the sampler's backend used {sampler.own_cpu:.2f} s, not counted)")
+            result.activity = {s: sampler.mean(s) for s in sampler.states}
+            result.waits = sampler.waiting.most_common(3)
+        if self.url and self.statements:
+            result.statements = statements_top(self.url)
+            result.control = statements_control(self.url)
+
+
+def produce_sequential(client: httpx.Client, topic: str, batch: int, requests: int) -> None:
+    payload = body(batch)
+    for _ in range(requests):
+        response = client.post(f"/api/v1/topics/{topic}/messages", content=payload)
+        if response.status_code != 200:
+            raise RuntimeError(f"produce failed: {response.status_code} {response.text[:300]}")
+
+
+def produce_spread(
+    urls: list[str],
+    headers: dict[str, str],
+    topics_: tuple[str, str],
+    requests: int,
+    meter: Meter,
+    producers: int,
+) -> tuple[dict[int, list[int]], Counted]:
+    """producers threads, producer i on urls[i % len]; the offsets each partition got.
+
+    Each producer warms up (one request to topics_[1]) before the measured part starts.
+    """
+    topic, warm_topic = topics_
+    offsets: dict[int, list[int]] = {}
+    failures: list[str] = []
+    lock = threading.Lock()
+
+    def work(i: int) -> None:
+        payload = body(SCALE_BATCH, f"p{i}-")
+        got: list[tuple[int, int]] = []
+        try:
+            with httpx.Client(base_url=urls[i % len(urls)], headers=headers, timeout=60) as client:
+                client.post(f"/api/v1/topics/{warm_topic}/messages", content=payload)
+                barrier.wait()
+                for _ in range(requests):
+                    response = client.post(f"/api/v1/topics/{topic}/messages", content=payload)
+                    if response.status_code != 200:
+                        failures.append(f"{response.status_code} {response.text[:300]}")
+                        return
+                    got.extend((r["partition"], r["offset"]) for r in response.json()["results"])
+        finally:
+            with lock:
+                for partition, offset in got:
+                    offsets.setdefault(partition, []).append(offset)
+
+    barrier = threading.Barrier(producers + 1, timeout=WAIT_S)
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(producers)]
+    for t in threads:
+        t.start()
+    barrier.wait()
+    with meter.measure(requests * producers * SCALE_BATCH) as counted:
+        for t in threads:
+            t.join()
+    if failures:
+        raise RuntimeError(f"produce failed: {failures[0]}")
+    return offsets, counted
+
+
+def check_contiguous(client: httpx.Client, topic: str, offsets: dict[int, list[int]]) -> None:
+    """Each partition's offsets are 0..n-1, each once, and its end offset is n."""
+    info = client.get(f"/api/v1/topics/{topic}").raise_for_status().json()
+    for p in info["partition_offsets"]:
+        mine = sorted(offsets.get(p["partition"], []))
+        if mine != list(range(len(mine))) or p["end_offset"] != len(mine):
+            raise RuntimeError(
+                f"guarantee broken: partition {p['partition']} of {topic} has end offset "
+                f"{p['end_offset']}, {len(mine)} offsets produced, contiguous: "
+                f"{mine == list(range(len(mine)))}"
+            )
+
+
+async def consume(
+    ws_urls: list[str], secret: str, topic: str, group: str, total: int, prefetch: int, ack: int
+) -> None:
+    """len(ws_urls) subscribers in one group take total messages, an ack frame per ack
+    messages; returns when every message is settled. Each (partition, offset) exactly once."""
+    seen: set[tuple[int, int]] = set()
+    duplicates: list[tuple[int, int]] = []
+    settled = 0
+    received = asyncio.Event()
+    all_settled = asyncio.Event()
+    pending: dict[int, list[str]] = {}
+
+    async def member(i: int, ws: ClientConnection) -> None:
+        nonlocal settled
+        mine = pending[i]
+        while True:
+            data = await receive(ws)
+            if data["type"] == "messages":
+                for m in data["items"]:
+                    where = (m["partition"], m["offset"])
+                    if where in seen:
+                        duplicates.append(where)
+                    seen.add(where)
+                    mine.append(m["receipt"])
+                while len(mine) >= ack:
+                    await ws.send(frame(type="ack", sub="s", receipts=mine[:ack]))
+                    del mine[:ack]
+                if len(seen) >= total:
+                    received.set()
+            elif data["type"] == "acked":
+                settled += data["settled"]
+                if settled >= total:
+                    all_settled.set()
+
+    sockets = [await open_ws(url, secret) for url in ws_urls]
+    tasks: list[asyncio.Task[None]] = []
+    try:
+        for i, ws in enumerate(sockets):
+            pending[i] = []
+            await subscribe(ws, topic, group, prefetch=prefetch, client=f"bench-{i}")
+            tasks.append(asyncio.create_task(member(i, ws)))
+        for event in (received, all_settled):
+            waiter = asyncio.create_task(event.wait())
+            finished, _ = await asyncio.wait(
+                [waiter, *tasks], timeout=WAIT_S, return_when=asyncio.FIRST_COMPLETED
+            )
+            for task in finished:
+                if task is not waiter:
+                    task.result()  # a member ended: raise its error
+            if not event.is_set():
+                waiter.cancel()
+                raise RuntimeError(
+                    f"consume: {len(seen)} of {total} received, {settled} settled in {WAIT_S} s"
+                )
+            if event is received:
+                # What each member holds short of a full ack frame, settled now.
+                for i, ws in enumerate(sockets):
+                    if pending[i]:
+                        receipts = list(pending[i])
+                        pending[i].clear()
+                        await ws.send(frame(type="ack", sub="s", receipts=receipts))
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(*(ws.close() for ws in sockets), return_exceptions=True)
+    if duplicates or len(seen) != total or settled != total:
+        raise RuntimeError(
+            f"guarantee broken: {len(seen)} distinct of {total} messages received, "
+            f"{len(duplicates)} twice (first {duplicates[:3]}), {settled} settled"
+        )
+
+
+async def round_trips(ws_url: str, secret: str, topic: str, count: int) -> list[float]:
+    """Milliseconds from an ack of both messages in hand (prefetch 2) to the next messages."""
+    times: list[float] = []
+    async with await open_ws(ws_url, secret) as ws:
+        await subscribe(ws, topic, "bench-round-trip", prefetch=2)
+        held: list[str] = []
+        sent_at = 0.0
+        while len(times) < count:
+            data = await receive(ws)
+            if data["type"] != "messages":
+                continue
+            if sent_at:
+                times.append((time.perf_counter() - sent_at) * 1000)
+                sent_at = 0.0
+            held.extend(m["receipt"] for m in data["items"])
+            if len(held) >= 2:
+                await ws.send(frame(type="ack", sub="s", receipts=held))
+                sent_at = time.perf_counter()
+                held = []
+    return sorted(times)
+
+
+@dataclass
+class Single:
+    """Ferry on one Daphne process: per batch size, produce and consume; round trip; e2e."""
+
+    produce: dict[int, Counted] = field(default_factory=dict)
+    consume: dict[int, Counted] = field(default_factory=dict)
+    round_trip: list[float] = field(default_factory=list)
+    e2e: list[float] = field(default_factory=list)
+    on_postgres: bool = False
+    round_trip_cost: Counted | None = None
+
+
+def ferry_single(
+    args: argparse.Namespace, tmp: Path, secret: str, url: str | None, postmaster: int | None
+) -> Single:
+    from broker.core import keys, topics
+
+    stamp = f"{os.getpid()}-{time.strftime('%H%M%S')}"
+    names = {b: f"bench-pg-b{b}-{stamp}" for b in BATCHES}
+    warm, rt, e2e = (f"bench-pg-{k}-{stamp}" for k in ("warm", "rt", "e2e"))
+    for name in [*names.values(), warm, rt, e2e]:
+        topics.create_topic(keys.CONSOLE, name, 1)
+    from django.db import connections
+
+    connections.close_all()
+    env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}  # in-memory channel layer
+    port = free_port()
+    log_path = tmp / "daphne-single.log"
+    progress(f"starting daphne on 127.0.0.1:{port} (in-memory channel layer)")
+    proc = start_daphne(port, log_path, env=env)
+    out = Single(on_postgres=postmaster is not None)
+    try:
+        http_url, ws_url = f"http://127.0.0.1:{port}", f"ws://127.0.0.1:{port}/ws/v1/"
+        wait_healthy(http_url, proc, log_path)
+        meter = Meter(url, [proc.pid], postmaster)
+        meter.statements = args.statements
+        headers = {"Authorization": f"Bearer {secret}", "Content-Type": "application/json"}
+        with httpx.Client(base_url=http_url, headers=headers, timeout=60) as client:
+            for batch in BATCHES:
+                requests = scaled(FERRY_MESSAGES[batch], args.scale, batch * 5) // batch
+                produce_sequential(client, warm, batch, max(1, 20 // batch))  # untimed
+                progress(f"ferry produce: {requests} requests of {batch}")
+                with meter.measure(requests * batch) as counted:
+                    produce_sequential(client, names[batch], batch, requests)
+                out.produce[batch] = counted
+                if url:
+                    analyze(url)
+                progress(f"  {counted.rate:,.0f} msgs/s")
+                progress(f"ferry consume: prefetch {2 * batch}, an ack per {batch}")
+                with meter.measure(requests * batch) as counted:
+                    asyncio.run(
+                        consume(
+                            [ws_url],
+                            secret,
+                            names[batch],
+                            f"bench-pg-{batch}",
+                            requests * batch,
+                            2 * batch,
+                            batch,
+                        )
+                    )
+                out.consume[batch] = counted
+                progress(f"  {counted.rate:,.0f} msgs/s")
+            trips = scaled(ROUND_TRIPS, args.scale)
+            produce_sequential(client, rt, 100, (2 * trips + 10) // 100 + 1)
+        progress(f"round trip at prefetch 2: {trips} acks")
+        # Counted per 1,000 round trips (its "messages" are the acks).
+        with meter.measure(trips) as counted:
+            out.round_trip = asyncio.run(round_trips(ws_url, secret, rt, trips))
+        out.round_trip_cost = counted
+        progress(f"  p50 {statistics.median(out.round_trip):.2f} ms")
+        seconds = max(2, round(E2E_SECONDS * args.scale))
+        progress(f"end to end: {E2E_RATE} msgs/s for {seconds} s")
+        out.e2e = asyncio.run(end_to_end(ws_url, secret, e2e, E2E_RATE, seconds))
+        progress(f"  p50 {statistics.median(out.e2e):.2f} ms")
+    finally:
+        stop_daphne(proc)
+    return out
+
+
+# --- Scale-out ----------------------------------------------------------------------------
+
+
+@dataclass
+class Scale:
+    processes: int
+    produce: Counted
+    consume: Counted
+    idle_cpu: float  # CPU seconds per second of the Daphne processes, summed, doing nothing
+
+
+def start_redis(tmp: Path) -> tuple[Path, str]:
+    directory = tmp / "redis"
+    started = subprocess.run(
+        [str(ROOT / "scripts/redis"), "start", str(directory), str(free_port())],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    return directory, started.stdout.strip().splitlines()[-1]
+
+
+def scale_out(
+    args: argparse.Namespace, tmp: Path, secret: str, url: str, postmaster: int, redis_url: str
+) -> list[Scale]:
+    from django.db import connections
+
+    from broker.core import keys, topics
+
+    results = []
+    requests = scaled(SCALE_REQUESTS, args.scale, 2)
+    total = requests * args.producers * SCALE_BATCH
+    env = dict(os.environ, REDIS_URL=redis_url)
+    headers = {"Authorization": f"Bearer {secret}", "Content-Type": "application/json"}
+    for n in args.processes:
+        stamp = f"{os.getpid()}-{n}"
+        topic, warm = f"bench-pg-scale-{stamp}", f"bench-pg-scale-warm-{stamp}"
+        topics.create_topic(keys.CONSOLE, topic, SCALE_PARTITIONS)
+        topics.create_topic(keys.CONSOLE, warm, SCALE_PARTITIONS)
+        connections.close_all()
+        procs: list[subprocess.Popen[bytes]] = []
+        quotas: list[Quota] = []
+        try:
+            ports = [free_port() for _ in range(n)]
+            for i, port in enumerate(ports):
+                log_path = tmp / f"daphne-{n}-{i}.log"
+                procs.append(start_daphne(port, log_path, env=env))
+            for proc, port, i in zip(procs, ports, range(n), strict=True):
+                wait_healthy(f"http://127.0.0.1:{port}", proc, tmp / f"daphne-{n}-{i}.log")
+                quotas.append(Quota(i))
+                quotas[-1].add(proc.pid)
+            progress(f"{n} daphne(s) up, each held to {CORE_SHARE} of a core")
+            meter = Meter(url, [p.pid for p in procs], postmaster)
+            idle_started, idle_cpu = time.perf_counter(), meter.cpu()[0]
+            time.sleep(IDLE_S)
+            idle = (meter.cpu()[0] - idle_cpu) / (time.perf_counter() - idle_started)
+            meter.quotas, meter.statements = quotas, args.statements
+            urls = [f"http://127.0.0.1:{port}" for port in ports]
+            progress(f"scale-out x{n}: {args.producers} producers, {requests} requests each")
+            offsets, produced = produce_spread(
+                urls, headers, (topic, warm), requests, meter, args.producers
+            )
+            with httpx.Client(base_url=urls[0], headers=headers, timeout=60) as client:
+                check_contiguous(client, topic, offsets)
+            progress(f"  {produced.rate:,.0f} msgs/s; offsets contiguous")
+            analyze(url)
+            ws_urls = [f"ws://127.0.0.1:{ports[i % n]}/ws/v1/" for i in range(CONSUMERS)]
+            progress(f"scale-out x{n}: {CONSUMERS} consumers, prefetch {SCALE_PREFETCH}")
+            with meter.measure(total) as consumed:
+                asyncio.run(
+                    consume(
+                        ws_urls,
+                        secret,
+                        topic,
+                        f"bench-pg-scale-{stamp}",
+                        total,
+                        SCALE_PREFETCH,
+                        SCALE_ACK,
+                    )
+                )
+            progress(f"  {consumed.rate:,.0f} msgs/s; each message once")
+            results.append(Scale(n, produced, consumed, idle))
+        finally:
+            for proc in procs:
+                stop_daphne(proc)
+            for quota in quotas:
+                quota.remove()
+    return results
+
+
+# --- Report -------------------------------------------------------------------------------
+
+
+def verdict(ok: bool) -> str:
+    return "met" if ok else "MISSED"
+
+
+def report(
+    producers: int,
+    header: list[tuple[str, str]],
+    ref: dict[str, dict[int, float]] | None,
+    single: Single | None,
+    scale: list[Scale] | None,
+    skipped: str | None,
+) -> str:
+    lines = ["", "Ferry bench: PostgreSQL speed and scale-out (bench/postgres.py)"]
+    width = max(len(k) for k, _ in header)
+    lines += [f"  {k.ljust(width)} : {v}" for k, v in header]
+    lines.append("")
+    cols = "".join(f"{'B=' + str(b):>10}" for b in BATCHES)
+    cpu = "broker / PG CPU" if single and single.on_postgres else "broker CPU"
+    lines.append(f"  {'msgs/s':<52}{cols}   {cpu} s per 1k msgs at B=1, 100, 1000")
+    lines.append("  " + "-" * 120)
+    if ref:
+        for kind, text in (
+            ("produce", "reference produce: executemany + COMMIT"),
+            ("consume", "reference consume: SELECT FOR UPDATE + DELETE + COMMIT"),
+        ):
+            cells = "".join(f"{ref[kind][b]:>10,.0f}" for b in BATCHES)
+            lines.append(f"  {text:<52}{cells}")
+    if single:
+        for name, phases in (
+            ("Ferry produce, REST, 1 client", single.produce),
+            ("Ferry consume+ack, WS, prefetch 2B, ack per B", single.consume),
+        ):
+            cells = "".join(f"{phases[b].rate:>10,.0f}" for b in BATCHES)
+            cpu = ", ".join(
+                f"{phases[b].per_1k(phases[b].broker_cpu):.3f}"
+                + (
+                    f" / {phases[b].per_1k(phases[b].postgres_cpu):.3f}"
+                    if single.on_postgres
+                    else ""
+                )
+                for b in BATCHES
+            )
+            lines.append(f"  {name:<52}{cells}   {cpu}")
+        lines.append("")
+        rt, e2e = single.round_trip, single.e2e
+        rt50 = statistics.median(rt)
+        rt_ok = verdict(rt50 <= TARGET_ROUND_TRIP_MS)
+        lines.append(
+            f"  round trip at prefetch 2 (ack both in hand -> next messages), {len(rt)} acks: "
+            f"p50 {rt50:.2f} ms, p99 {percentile(rt, 0.99):.2f} ms"
+            f"   target p50 <= {TARGET_ROUND_TRIP_MS:.0f} ms: {rt_ok}"
+        )
+        lines.append(
+            f"  end to end at {E2E_RATE} msgs/s, {len(e2e)} messages: "
+            f"p50 {statistics.median(e2e):.2f} ms, p99 {percentile(e2e, 0.99):.2f} ms"
+        )
+        if ref:
+            ratio = single.consume[100].rate / ref["produce"][100]
+            lines.append(
+                f"  consume+ack B=100 / reference produce B=100: {ratio:.2f}x"
+                f"   target >= {TARGET_CONSUME_VS_REFERENCE}x: "
+                f"{verdict(ratio >= TARGET_CONSUME_VS_REFERENCE)}"
+            )
+            lines.append(
+                "  (the other target, consume+ack B=100 >= the same on SQLite: run "
+                "`.venv/bin/python bench/postgres.py --only ferry` and compare)"
+            )
+    if skipped:
+        lines += ["", f"  scale-out skipped: {skipped}"]
+    if scale:
+        lines += [
+            "",
+            f"  scale-out: each Daphne held to {CORE_SHARE} of a core (cgroup v1 quota), "
+            f"Redis channel layer; {producers} producers x B={SCALE_BATCH} on "
+            f"{SCALE_PARTITIONS} partitions, then {CONSUMERS} consumers in one clustering "
+            f"group (prefetch {SCALE_PREFETCH}, ack per {SCALE_ACK}); clients round robin "
+            "over the processes' ports (no load balancer)",
+            f"  {'phase':<10}{'procs':>6}{'msgs/s':>9}{'x 1 proc':>9}{'target':>12}"
+            f"{'broker CPU':>11}{'x':>6}{'PG CPU':>8}{'x':>6}{'quota':>7}{'thrtl s':>8}"
+            f"{'bench':>7}{'xids':>7}{'WAL kB':>8}{'run':>6}{'lockw':>6}{'idleTx':>7}",
+            f"  {'':<46}{'s/1k msgs':>11}{'':>6}{'s/1k':>8}{'':>6}{'used':>7}{'':>8}"
+            f"{'s/1k':>7}{'/1k':>7}{'/1k':>8}{'(mean backends)':>19}",
+            "  " + "-" * 120,
+        ]
+        for kind in ("produce", "consume"):
+            base: Counted = getattr(scale[0], kind)
+            for s in scale:
+                c: Counted = getattr(s, kind)
+                growth = c.rate / base.rate
+                target = ""
+                if s.processes in TARGET_SCALE:
+                    goal = TARGET_SCALE[s.processes]
+                    target = f">={goal}x {'ok' if growth >= goal else 'MISS'}"
+                broker = c.per_1k(c.broker_cpu) / base.per_1k(base.broker_cpu)
+                pg = c.per_1k(c.postgres_cpu) / base.per_1k(base.postgres_cpu)
+                used = c.broker_cpu / (c.seconds * CORE_SHARE * s.processes)
+                lines.append(
+                    f"  {kind:<10}{s.processes:>6}{c.rate:>9,.0f}{growth:>8.2f}x{target:>12}"
+                    f"{c.per_1k(c.broker_cpu):>11.4f}{broker:>5.2f}x"
+                    f"{c.per_1k(c.postgres_cpu):>8.4f}{pg:>5.2f}x{used:>7.0%}"
+                    f"{c.throttled:>8.1f}{c.per_1k(c.bench_cpu):>7.3f}"
+                    f"{c.per_1k(c.xids):>7.1f}{c.per_1k(c.wal_bytes) / 1024:>8.0f}"
+                    f"{c.activity.get('running', 0):>6.2f}{c.activity.get('lock wait', 0):>6.2f}"
+                    f"{c.activity.get('idle in txn', 0):>7.2f}"
+                )
+        idle = ", ".join(f"x{s.processes} {s.idle_cpu * 1000:.0f} ms/s" for s in scale)
+        lines.append(f"  broker CPU while idle ({IDLE_S:.0f} s before produce, summed): {idle}")
+        lines.append(
+            f"  target: broker and PG CPU per message within {TARGET_CPU_GROWTH:.0%} of one "
+            "process's (the 'x' columns <= "
+            f"{1 + TARGET_CPU_GROWTH:.2f})"
+        )
+        for s in scale:
+            for kind in ("produce", "consume"):
+                c = getattr(s, kind)
+                other = ", ".join(
+                    f"{name} {mean:.2f}"
+                    for name, mean in sorted(c.activity.items())
+                    if name not in ("running", "lock wait", "idle in txn")
+                )
+                if other:
+                    lines.append(f"  other waits, {kind} x{s.processes} (mean backends): {other}")
+                if c.waits:
+                    waits = "; ".join(f"{n} x {w}" for w, n in c.waits)
+                    lines.append(f"  lock waits, {kind} x{s.processes}: {waits}")
+        lines.append("  guarantees: ok (contiguous offsets per partition; every message once)")
+        for s in scale:
+            for kind in ("produce", "consume"):
+                c = getattr(s, kind)
+                if c.statements:
+                    lines += statement_lines(f"{kind} x{s.processes}", c)
+    if single:
+        for batch in BATCHES:
+            for kind, phases in (("produce", single.produce), ("consume", single.consume)):
+                if phases[batch].statements:
+                    lines += statement_lines(f"Ferry {kind} B={batch}", phases[batch])
+        cost = single.round_trip_cost
+        if cost and cost.statements:
+            lines += statement_lines("round trip at prefetch 2", cost, "round trips")
+    lines.append("")
+    return "\n".join(lines)
+
+
+def statement_lines(title: str, c: Counted, unit: str = "msgs") -> list[str]:
+    """A phase's costliest statements and its transaction control, per 1,000 messages."""
+    control = ", ".join(
+        f"{name} {c.per_1k(calls):.1f}" for name, calls in sorted(c.control.items())
+    )
+    lines = [
+        "",
+        f"  statements, {title} (per 1k {unit}: calls, ms, rows); per 1k {unit}: {control}",
+    ]
+    for calls, ms, rows, query in c.statements:
+        lines.append(
+            f"  {c.per_1k(calls):>8.1f}{c.per_1k(ms):>9.1f}{c.per_1k(rows):>9.0f}  {query[:90]}"
+        )
+    return lines
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--scale", type=float, default=1.0, help="multiply every count")
+    parser.add_argument(
+        "--only",
+        default="reference,ferry,scale",
+        help="comma-separated parts: reference, ferry, scale (the first and last need PostgreSQL)",
+    )
+    parser.add_argument(
+        "--processes",
+        type=lambda text: [int(n) for n in text.split(",")],
+        default=list(PROCESSES),
+        help="Daphne process counts of the scale-out, the first the base (default 1,2,4)",
+    )
+    parser.add_argument(
+        "--producers", type=int, default=PRODUCERS, help="scale-out producers (default 16)"
+    )
+    parser.add_argument(
+        "--statements",
+        action="store_true",
+        help="load pg_stat_statements (restarts the throwaway server) and print each "
+        "scale-out phase's top statements",
+    )
+    args = parser.parse_args()
+    parts = set(args.only.split(","))
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    url = os.environ.get("DATABASE_URL") or None
+    os.environ.pop("REDIS_URL", None)
+    tmp = Path(tempfile.mkdtemp(prefix="ferry-bench-pg-"))
+    ok = False
+    redis_dir: Path | None = None
+    try:
+        if url and args.statements:
+            load_pg_stat_statements(url)
+        postmaster = postmaster_pid(url) if url else None
+        progress(f"data dir {tmp}; migrating")
+        setup_django(tmp)
+        from django.db import connection, connections
+
+        from broker.core import keys
+
+        vendor, database = connection.vendor, database_description()
+        _, secret = keys.create_api_key(
+            keys.CONSOLE, f"bench-pg-{os.getpid()}", [keys.parse_permission("admin:*")]
+        )
+        connections.close_all()
+        ref = single = None
+        scale: list[Scale] | None = None
+        skipped = None
+        if url and "reference" in parts:
+            ref = reference(url, args.scale)
+        if "ferry" in parts:
+            single = ferry_single(args, tmp, secret, url, postmaster)
+        if "scale" in parts:
+            skipped = cgroup_unavailable() if url else "needs PostgreSQL (DATABASE_URL)"
+            if skipped is None and url and postmaster:
+                redis_dir, redis_url = start_redis(tmp)
+                progress(f"redis at {redis_url}")
+                scale = scale_out(args, tmp, secret, url, postmaster, redis_url)
+            else:
+                progress(f"scale-out skipped: {skipped}")
+        load = os.getloadavg()
+        header = [
+            ("command", command_line()),
+            ("database", f"{vendor}: {database}"),
+            (
+                "machine",
+                f"nproc={os.cpu_count()}, {platform.system()} {platform.machine()}, Python "
+                f"{platform.python_version()}, load average after the run "
+                f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f}",
+            ),
+            ("message", f"key k<n>, value {len(VALUE_BYTES)} bytes (a JSON string)"),
+            (
+                "ferry",
+                "1 Daphne on 127.0.0.1, in-memory channel layer, background jobs off; clients "
+                "in this process",
+            ),
+        ]
+        print(report(args.producers, header, ref, single, scale, skipped), flush=True)
+        ok = True
+        return 0
+    finally:
+        if redis_dir is not None:
+            progress("stopping redis")
+            subprocess.run([str(ROOT / "scripts/redis"), "stop", str(redis_dir)], check=False)
+        if ok:
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            progress(f"failed; kept {tmp} (daphne logs) for inspection")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
