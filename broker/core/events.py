@@ -244,6 +244,45 @@ async def _guarded_send(group: str, event: dict[str, Any]) -> None:
             _layer_back()  # a process without a loop of its own (a worker) sees it here
 
 
+# Sends under way, by loop and group, each with the event to send once more when it ends (None:
+# no commit asked meanwhile). Only the loop itself reads and writes it.
+_sending: dict[tuple[asyncio.AbstractEventLoop, str], dict[str, Any] | None] = {}
+_send_tasks: set["asyncio.Task[None]"] = set()
+
+
+def _start_send(loop: asyncio.AbstractEventLoop, group: str, event: dict[str, Any]) -> None:
+    """On loop: send, or, while a send to the group is under way, send once more after it.
+
+    A wake-up is the same whatever commit asked for it (listeners read the database again), so
+    a burst of commits costs two sends, not one each: a send through Redis costs the broker
+    more CPU than the commit it announces (docs/benchmarks.md). The last send always starts
+    after the last commit, so no listener misses one.
+    """
+    key = (loop, group)
+    if key in _sending:
+        _sending[key] = event
+        return
+    _sending[key] = None
+    task = loop.create_task(_send_coalesced(key, group, event))
+    _send_tasks.add(task)
+    task.add_done_callback(_send_tasks.discard)
+
+
+async def _send_coalesced(
+    key: tuple[asyncio.AbstractEventLoop, str], group: str, event: dict[str, Any]
+) -> None:
+    try:
+        while True:
+            await _guarded_send(group, event)
+            again = _sending.get(key)
+            if again is None:
+                return
+            _sending[key] = None
+            event = again
+    finally:
+        _sending.pop(key, None)
+
+
 def _send(group: str, event: dict[str, Any]) -> None:
     if not layer_up() and _probing():
         return  # listeners here poll the database meanwhile; the probe tells when it is back
@@ -252,7 +291,7 @@ def _send(group: str, event: dict[str, Any]) -> None:
         if loop is not None:
             # Off the server's loop: hand the send to it, which owns the layer's queues,
             # without waiting for it.
-            asyncio.run_coroutine_threadsafe(_guarded_send(group, event), loop)
+            loop.call_soon_threadsafe(_start_send, loop, group, event)
         else:
             async_to_sync(_guarded_send)(group, event)
     except Exception:

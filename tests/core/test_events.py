@@ -138,3 +138,50 @@ async def test_stop_waiting__ends_waiting_long_polls_at_once(monkeypatch):
         assert time.monotonic() - started < 3
     finally:
         await close_thread_connection()
+
+
+class SlowLayer(InMemoryChannelLayer):
+    """The in-memory layer, with a group_send as slow as a busy Redis, counting the sends."""
+
+    sent: list[int] = []
+
+    async def group_send(self, group, message):
+        SlowLayer.sent.append(message["n"])
+        await asyncio.sleep(0.05)
+        await super().group_send(group, message)
+
+
+@pytest.fixture
+def slow_layer(settings):
+    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "tests.core.test_events.SlowLayer"}}
+    channel_layers.backends.clear()
+    SlowLayer.sent = []
+    yield SlowLayer
+    channel_layers.backends.clear()
+    events._server_loop = None
+
+
+async def test_wake_ups_of_a_burst_of_commits_coalesce(slow_layer):
+    """Commits announced while a send to their group is under way cost one more send, after
+    it, carrying the last of them: a listener still hears of the last commit."""
+    events.listen_here()
+    layer = channel_layers["default"]
+    channel = await layer.new_channel("t.")
+    await layer.group_add("ferry.topic.7", channel)
+
+    def commits() -> None:  # on a database thread, as after each commit
+        for n in range(10):
+            events._send("ferry.topic.7", {"type": events.MESSAGES_APPENDED, "n": n})
+
+    await asyncio.to_thread(commits)
+    for _ in range(100):
+        if not events._sending:
+            break
+        await asyncio.sleep(0.02)
+    assert slow_layer.sent[0] == 0
+    assert slow_layer.sent[-1] == 9
+    assert len(slow_layer.sent) <= 3
+    heard = [await asyncio.wait_for(layer.receive(channel), 1)]
+    while len(heard) < len(slow_layer.sent):
+        heard.append(await asyncio.wait_for(layer.receive(channel), 1))
+    assert heard[-1]["n"] == 9
