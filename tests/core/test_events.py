@@ -166,7 +166,7 @@ async def test_wake_ups_of_a_burst_of_commits_coalesce(slow_layer):
     it, carrying the last of them: a listener still hears of the last commit."""
     events.listen_here()
     layer = channel_layers["default"]
-    channel = await layer.new_channel("t.")
+    channel = await layer.new_channel("t.")  # type: ignore[call-arg]
     await layer.group_add("ferry.topic.7", channel)
 
     def commits() -> None:  # on a database thread, as after each commit
