@@ -162,20 +162,26 @@ SELECT_LEASES = (
 SELECT_PARTITIONS = "SELECT id FROM broker_partition WHERE topic_id = %s"
 
 
-def find_group(group_name: str, lock: bool = False) -> models.ConsumerGroup | None:
-    """The group by name, or None; locked (the group lock) if lock. Raw SQL: every member
-    poll, push and settlement looks its group up, and the ORM would compile the query."""
+def find_group(
+    group_name: str, lock: bool = False, shared: bool = False
+) -> models.ConsumerGroup | None:
+    """The group by name, or None; locked (the group lock) if lock, in share mode if shared.
+    Raw SQL: every member poll, push and settlement looks its group up, and the ORM would
+    compile the query."""
     sql = WHERE_GROUP
     if lock and connection.vendor == "postgresql":
-        sql += " FOR NO KEY UPDATE"  # the group lock (see rebalancing.locked_group)
+        # The group lock (see rebalancing.locked_group). Shared by deliveries: they exclude
+        # membership changes and rebalances, not one another (each locks its partitions'
+        # offset rows), so a group's members deliver side by side (docs/architecture.md#locks).
+        sql += " FOR SHARE" if shared else " FOR NO KEY UPDATE"
     return next(iter(bulk.select_models(models.ConsumerGroup, sql, [group_name])), None)
 
 
 def _member(
-    group_name: str, member_id: str, lock: bool
+    group_name: str, member_id: str, lock: bool, shared: bool = False
 ) -> tuple[models.ConsumerGroup, models.GroupMember]:
     """The group (locked if lock) and the member; MemberNotFound when gone (expired or left)."""
-    group = find_group(group_name, lock)
+    group = find_group(group_name, lock, shared)
     found = (
         bulk.select_models(models.GroupMember, WHERE_MEMBER, [group.id, member_id])
         if group is not None
@@ -265,11 +271,12 @@ def _release_in_flight(group: models.ConsumerGroup, member_ids: list[str], topic
 def touch_member(
     group_name: str, member_id: str, topic_id: int
 ) -> tuple[models.ConsumerGroup, models.GroupMember]:
-    """Lock the group, check the member is in it on this topic, record a heartbeat.
+    """Lock the group (shared: a delivery), check the member is in it on this topic, record a
+    heartbeat.
 
     Caller holds the write transaction.
     """
-    group, member = _member(group_name, member_id, lock=True)
+    group, member = _member(group_name, member_id, lock=True, shared=True)
     if member.topic_id != topic_id:
         raise errors.InvalidRequest(
             f"Member {member_id!r} joined for topic {member.topic.name!r}; join again to switch.",
@@ -306,7 +313,7 @@ def touch_member_of_topic(
     """
     group: Any
     if connection.vendor == "postgresql":
-        group = find_group(group_name, lock=True)
+        group = find_group(group_name, lock=True, shared=True)
         if group is None:
             return None
         pair = bulk.select_joined(
