@@ -69,7 +69,7 @@ class Deployment:
                 name, _, value = assignment.partition("=")
                 self._export(name, value)
         elif argv[0].endswith("bin/daphne"):
-            for _ in range(2):  # "as many processes as you like": two
+            for _ in range(2):  # "one per port or host, as many as you like": two
                 self._daphne(argv)
         elif argv[0].endswith("bin/celery"):
             self._start("celery", argv)
