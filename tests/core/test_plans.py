@@ -1,0 +1,44 @@
+"""PostgreSQL plans of the hot reads: a delivery's read stays on the (partition, offset) index.
+
+A partition that grew since the table's last ANALYZE is estimated at about one row, and the
+planner then took the (partition, timestamp) index and filtered every row of the partition:
+a read that cost in proportion to the partition's size (docs/benchmarks.md, PostgreSQL).
+"""
+
+import orjson
+import pytest
+from django.db import connection
+
+from broker import models
+from broker.core import keys, log, topics
+from broker.core.log import read
+from broker.core.records import NewMessage
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def fill(topic: str, count: int) -> int:
+    for start in range(0, count, 1000):
+        log.append_messages(
+            keys.CONSOLE, topic, [NewMessage(orjson.dumps(i)) for i in range(start, start + 1000)]
+        )
+    return models.Partition.objects.get(topic__name=topic, number=0).id
+
+
+def plan(partition_id: int) -> str:
+    with connection.cursor() as cursor:
+        cursor.execute("EXPLAIN " + read.SELECT_MESSAGES, (partition_id, 100, 200))
+        return "\n".join(row[0] for row in cursor.fetchall())
+
+
+@pytest.mark.skipif("connection.vendor != 'postgresql'")
+def test_read_of_a_partition_newer_than_the_statistics_uses_the_offset_index():
+    for name in ("plan.a", "plan.b", "plan.c"):
+        topics.create_topic(keys.CONSOLE, name, 1)
+        fill(name, 3000)
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE broker_message")
+    topics.create_topic(keys.CONSOLE, "plan.new", 1)
+    new = fill("plan.new", 5000)
+    found = plan(new)
+    assert "message_partition_offset_uniq" in found, found
