@@ -14,6 +14,15 @@ from broker.core import keys, topics
 from mqsite.asgi import api_asgi_app
 
 
+def api_client(secret: str) -> httpx.AsyncClient:
+    """A client of the API's own ASGI handler, in this process."""
+    return httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=api_asgi_app),  # type: ignore[arg-type]
+        base_url="http://testserver",
+        headers={"Authorization": f"Bearer {secret}"},
+    )
+
+
 @pytest.mark.django_db(transaction=True)
 def test_sync_api_requests_reuse_one_connection():
     _, secret = keys.create_api_key(keys.CONSOLE, "conn", [keys.parse_permission("admin:*")])
@@ -23,11 +32,7 @@ def test_sync_api_requests_reuse_one_connection():
         opened.append(connection)
 
     async def list_keys(times: int) -> None:
-        transport = httpx.ASGITransport(app=api_asgi_app)  # type: ignore[arg-type]
-        headers = {"Authorization": f"Bearer {secret}"}
-        async with httpx.AsyncClient(
-            transport=transport, base_url="http://testserver", headers=headers
-        ) as c:
+        async with api_client(secret) as c:
             for _ in range(times):
                 response = await c.get("/api/v1/keys")  # a sync view
                 assert response.status_code == 200, response.text
@@ -60,11 +65,7 @@ def test_request_signals_hop_to_the_sync_thread_only_for_sync_views():
         finished.append(threading.current_thread().name)
 
     async def requests() -> None:
-        transport = httpx.ASGITransport(app=api_asgi_app)  # type: ignore[arg-type]
-        headers = {"Authorization": f"Bearer {secret}"}
-        async with httpx.AsyncClient(
-            transport=transport, base_url="http://testserver", headers=headers
-        ) as c:
+        async with api_client(secret) as c:
             body = {"messages": [{"value": "x"}]}
             response = await c.post("/api/v1/topics/sig.t/messages", json=body)
             assert response.status_code == 200, response.text  # an async view
@@ -90,11 +91,7 @@ def test_a_connection_an_error_left_unusable_is_closed_after_the_sync_view():
     _, secret = keys.create_api_key(keys.CONSOLE, "bad", [keys.parse_permission("admin:*")])
 
     async def list_keys() -> None:
-        transport = httpx.ASGITransport(app=api_asgi_app)  # type: ignore[arg-type]
-        headers = {"Authorization": f"Bearer {secret}"}
-        async with httpx.AsyncClient(
-            transport=transport, base_url="http://testserver", headers=headers
-        ) as c:
+        async with api_client(secret) as c:
             assert (await c.get("/api/v1/keys")).status_code == 200
 
     asyncio.run(list_keys())

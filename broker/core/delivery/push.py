@@ -46,11 +46,28 @@ def ack_and_deliver(
     except errors.BrokerError:
         return AckAndDelivery(settle.ack_messages(principal, group_name, receipts))
     try:
-        return _in_one_transaction(
-            principal, group_name, receipts, topic_name, member_id, credit, max_messages
-        )
+        with bulk.bookkeeping():
+            found = _member_or_none(principal, group_name, member_id, topic_name)
+            locked: dict[inflight.OffsetKey, models.GroupOffset] = {}
+            postgresql = connection.vendor == "postgresql"
+            if found is not None and postgresql:
+                locked = deliver.lock_member_offsets(found[1], found[2])
+            acked = settle.ack_in_transaction(
+                principal,
+                group_name,
+                receipts,
+                group=found[1] if found else None,
+                locked=locked,
+                lock_more=found is None or not postgresql,
+            )
+            room = min(max_messages, credit + acked.settled)
+            if found is None or room <= 0:
+                return AckAndDelivery(acked)
+            topic, group, member = found
+            delivered = deliver.deliver_in_transaction(topic, group, member, room, locked=locked)
+            return AckAndDelivery(acked, delivered)
     except settle.LocksOutOfOrder:
-        pass
+        pass  # rolled back: the ack and the delivery in two transactions
     acked = settle.ack_messages(principal, group_name, receipts)
     room = min(max_messages, credit + acked.settled)
     if room <= 0:
@@ -61,37 +78,6 @@ def ack_and_deliver(
             return AckAndDelivery(acked)
         topic, group, member = found
         return AckAndDelivery(acked, deliver.deliver_in_transaction(topic, group, member, room))
-
-
-def _in_one_transaction(
-    principal: Principal,
-    group_name: str,
-    receipts: list[str],
-    topic_name: str,
-    member_id: str,
-    credit: int,
-    max_messages: int,
-) -> AckAndDelivery:
-    with bulk.bookkeeping():
-        found = _member_or_none(principal, group_name, member_id, topic_name)
-        locked: dict[inflight.OffsetKey, models.GroupOffset] = {}
-        postgresql = connection.vendor == "postgresql"
-        if found is not None and postgresql:
-            locked = deliver.lock_member_offsets(found[1], found[2])
-        acked = settle.ack_in_transaction(
-            principal,
-            group_name,
-            receipts,
-            group=found[1] if found else None,
-            locked=locked,
-            lock_more=found is None or not postgresql,
-        )
-        room = min(max_messages, credit + acked.settled)
-        if found is None or room <= 0:
-            return AckAndDelivery(acked)
-        topic, group, member = found
-        delivered = deliver.deliver_in_transaction(topic, group, member, room, locked=locked)
-        return AckAndDelivery(acked, delivered)
 
 
 def _member_or_none(
