@@ -149,12 +149,12 @@ class _Settling:
                 (group.id, partition_id, "") for partition_id in _receipt_partitions(self.receipts)
             )
         found = self._visible(principal, _named(group.id, self.receipts))
-        keys = {(r.group_id, r.partition_id, r.subscriber) for r in found}
+        needed = {(r.group_id, r.partition_id, r.subscriber) for r in found}
         held = locked if locked is not None else {}
-        missing = keys - held.keys()
+        missing = needed - held.keys()
         if missing and postgresql and not lock_more:
             raise LocksOutOfOrder
-        self.offsets = {key: held[key] for key in keys if key in held}
+        self.offsets = {key: held[key] for key in needed if key in held}
         self.offsets.update(inflight.locked_offsets(missing))
         # Read again when some locks came after the read: a run may have been settled or
         # redelivered meanwhile. (SQLite serialized this transaction's writes before the read.)
