@@ -43,6 +43,13 @@ def database_location(alias: str = DEFAULT_DB_ALIAS) -> str:
 def check_database(alias: str = DEFAULT_DB_ALIAS) -> None:
     connection = connections[alias]
     try:
+        if getattr(connection, "pool", None) is not None:
+            # A connection of its own, not the pool's: the driver's own error at once, not a
+            # pool's timeout after FERRY_DB_POOL_TIMEOUT_SECONDS.
+            params = connection.get_connection_params()
+            with connection.Database.connect(**params) as direct:  # type: ignore[attr-defined]
+                direct.execute("SELECT 1")
+            return
         with connection.cursor() as cursor:
             cursor.execute("SELECT 1")
     except Exception as exc:
@@ -111,6 +118,12 @@ def check(*, migrations: bool = True) -> None:
     if migrations:
         check_migrations()
     check_redis()
+    for connection in connections.all(initialized_only=True):
+        # A pool opened for the checks has threads of its own: a Celery worker forks its
+        # children next, and they must open their own.
+        close_pool = getattr(connection, "close_pool", None)
+        if close_pool is not None:
+            close_pool()
 
 
 def check_or_exit(*, migrations: bool = True) -> None:

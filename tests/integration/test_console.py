@@ -9,6 +9,7 @@ With FERRY_SCREENSHOT_DIR set (scripts/screenshots), every page is saved there a
 import asyncio
 import os
 import subprocess
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -197,6 +198,47 @@ def test_console_socket__session_and_origin_checked_by_daphne(console_url: str) 
     assert elsewhere.value.response.status_code == 403
     hello = _handshake(console_url, {"Cookie": cookie, "Origin": console_url})
     assert orjson.loads(hello) == {"type": "hello", "interval_ms": 300}
+
+
+def test_console_pages__borrow_pooled_connections(console_url: str) -> None:
+    """On PostgreSQL a console page borrows a connection from the process's pool: the server's
+    sessions stay the same few, however many pages are served (before: one session opened and
+    ended per page)."""
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        pytest.skip("the pool is PostgreSQL's")
+    make_user("pooled", perms=("view_console",))
+    with httpx.Client(base_url=console_url) as client:
+        client.get("/login/")
+        answer = client.post(
+            "/login/",
+            data={
+                "username": "pooled",
+                "password": PASSWORD,
+                "csrfmiddlewaretoken": client.cookies["csrftoken"],
+            },
+            headers={"Referer": f"{console_url}/login/"},
+        )
+        assert answer.status_code == 302
+        before = sessions_opened()
+        for _ in range(20):
+            assert client.get("/topics/").status_code == 200
+        opened = sessions_opened() - before
+    # Before the pool: one a page. Now none, or the pool's first few.
+    assert opened <= 5, opened
+
+
+def sessions_opened() -> int:
+    """Sessions the server has opened on the test database so far (its statistics are written
+    by the backends a moment late: wait for them)."""
+    from django.db import connection
+
+    time.sleep(1.5)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_stat_clear_snapshot()")
+        cursor.execute("SELECT sessions FROM pg_stat_database WHERE datname = current_database()")
+        return int(cursor.fetchone()[0])
 
 
 def confirm_and_expect_success(page: Page) -> None:
