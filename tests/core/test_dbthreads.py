@@ -81,3 +81,20 @@ async def test_read__a_replaced_connection_is_read_only_too(pools, console):
     with pytest.raises(DatabaseError):
         await dbthreads.read(terminated_then_write)
     assert not await dbthreads.run(lambda: models.Topic.objects.filter(name="sneaky").exists())
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_read__a_failed_readers_connection_is_not_lent_again(pools, console):
+    """Its session refuses writes: back in PostgreSQL's pool, it would refuse a writer's."""
+    if connection.vendor != "postgresql" or connection.pool is None:  # type: ignore[attr-defined]
+        pytest.skip("PostgreSQL's connection pool")
+
+    def raw() -> object:
+        connection.ensure_connection()
+        return connection.connection
+
+    before = await dbthreads.read(raw)
+    with pytest.raises(DatabaseError):
+        await dbthreads.read(_create_topic)
+    assert before.closed  # type: ignore[attr-defined]
+    assert await dbthreads.read(raw) is not before
