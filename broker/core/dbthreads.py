@@ -128,24 +128,9 @@ def _read_call(
     def read_only() -> T:
         # Inside the call: a connection replaced by call_with_reconnect is made read-only too.
         make_read_only()
-        try:
-            return fn(*args, **kwargs)
-        except DatabaseError:
-            _discard_read_only()
-            raise
+        return fn(*args, **kwargs)
 
     return _call(loop, read_only)
-
-
-def _discard_read_only() -> None:
-    """Close a reader's connection for good before _call hands it back (PostgreSQL's pool).
-
-    Its session refuses writes; the pool must not lend it to a writer next: closed, the pool
-    drops it and opens another.
-    """
-    raw = connection.connection
-    if connection.vendor == "postgresql" and raw is not None:
-        raw.close()
 
 
 async def read(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
