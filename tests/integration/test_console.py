@@ -7,6 +7,7 @@ With FERRY_SCREENSHOT_DIR set (scripts/screenshots), every page is saved there a
 """
 
 import asyncio
+import contextlib
 import os
 import subprocess
 import time
@@ -171,24 +172,31 @@ def _handshake(url: str, headers: dict[str, str]) -> Any:
         return pool.submit(asyncio.run, open_and_read()).result()
 
 
+@contextlib.contextmanager
+def logged_in(url: str, username: str) -> Iterator[httpx.Client]:
+    """An HTTP client with a console session of the user (password PASSWORD)."""
+    with httpx.Client(base_url=url) as client:
+        client.get("/login/")
+        answer = client.post(
+            "/login/",
+            data={
+                "username": username,
+                "password": PASSWORD,
+                "csrfmiddlewaretoken": client.cookies["csrftoken"],
+            },
+            headers={"Referer": f"{url}/login/"},
+        )
+        assert answer.status_code == 302
+        yield client
+
+
 def test_console_socket__session_and_origin_checked_by_daphne(console_url: str) -> None:
     """A real Daphne refuses the live socket without a console session or from another origin."""
     import orjson
     from websockets.exceptions import InvalidStatus
 
     make_user("watcher", perms=("view_console",))
-    with httpx.Client(base_url=console_url) as client:
-        client.get("/login/")
-        answer = client.post(
-            "/login/",
-            data={
-                "username": "watcher",
-                "password": PASSWORD,
-                "csrfmiddlewaretoken": client.cookies["csrftoken"],
-            },
-            headers={"Referer": f"{console_url}/login/"},
-        )
-        assert answer.status_code == 302
+    with logged_in(console_url, "watcher") as client:
         cookie = "; ".join(f"{k}={v}" for k, v in client.cookies.items())
     with pytest.raises(InvalidStatus) as anonymous:
         _handshake(console_url, {"Origin": console_url})
@@ -209,18 +217,7 @@ def test_console_pages__borrow_pooled_connections(console_url: str) -> None:
     if connection.vendor != "postgresql":
         pytest.skip("the pool is PostgreSQL's")
     make_user("pooled", perms=("view_console",))
-    with httpx.Client(base_url=console_url) as client:
-        client.get("/login/")
-        answer = client.post(
-            "/login/",
-            data={
-                "username": "pooled",
-                "password": PASSWORD,
-                "csrfmiddlewaretoken": client.cookies["csrftoken"],
-            },
-            headers={"Referer": f"{console_url}/login/"},
-        )
-        assert answer.status_code == 302
+    with logged_in(console_url, "pooled") as client:
         before = sessions_opened()
         for _ in range(20):
             assert client.get("/topics/").status_code == 200
