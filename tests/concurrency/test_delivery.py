@@ -193,6 +193,32 @@ def test_deliver_messages__clustering_delivers_each_message_once(topic_factory):
     assert all(len(holders[p]) > 1 for p in by_threads), holders
 
 
+def test_ack_and_deliver__members_across_processes_each_message_once(topic_factory):
+    """Acks that push the next batch from their own call (a waiting WebSocket subscriber's),
+    in processes that join while the others deliver: each rebalance leaves receipts of
+    partitions a member no longer holds (on PostgreSQL those take the two-transaction way, the
+    lock order in docs/architecture.md#locks), and still every message goes out once and every
+    ack settles."""
+    topic = topic_factory(partitions=4)
+    groups.configure_group(CONSOLE, "g", ack_deadline_ms=LONG_DEADLINE_MS)
+    produce(topic.name, 400, 4)
+    procs = start_workers(
+        *[
+            ("member", topic.name, "g", f"push-{n}", "25", "batch=2", "pause_ms=30", "push=1")
+            for n in (1, 2, 3)
+        ],
+        ("member", topic.name, "g", "plain", "25", "batch=2", "pause_ms=30"),
+    )
+    outputs = collect(procs)
+    records = [(p, o, attempt, m) for out in outputs for p, o, attempt, m, *_ in out]
+    records += drain("g", topic.name)
+    places = Counter((p, o) for p, o, _, _ in records)
+    assert [place for place, n in places.items() if n > 1] == [], "delivered twice"
+    assert set(places) == every_message(topic.name)
+    assert {attempt for *_, attempt, _ in records} == {1}
+    assert_all_committed("g")
+
+
 def test_ack_messages__concurrent_out_of_order_acks(topic_factory):
     topic = topic_factory(partitions=2)
     groups.configure_group(CONSOLE, "g", ack_deadline_ms=LONG_DEADLINE_MS)

@@ -4,7 +4,7 @@ Usage: python -m tests.concurrency.worker produce TOPIC BATCHES BATCH_SIZE [ID_P
        python -m tests.concurrency.worker poll TOPIC GROUP ROUNDS
        python -m tests.concurrency.worker release BATCH_SIZE ROUNDS
        python -m tests.concurrency.worker member TOPIC GROUP MEMBER ROUNDS [batch=N]
-                                         [auto_ack=1] [pause_ms=N] [want=N]
+                                         [auto_ack=1] [pause_ms=N] [want=N] [push=1]
        python -m tests.concurrency.worker sweep SECONDS
        python -m tests.concurrency.worker outbox_crash TOPIC COUNT
 Prints one JSON document with what it stored or received.
@@ -59,21 +59,42 @@ def member(
     auto_ack: int = 0,
     pause_ms: int = 0,
     want: int = 0,
+    push: int = 0,
 ) -> list:
     """Join, take deliveries and ack each batch at once, leave.
 
     Returns one [partition, offset, attempt, member, delivered_s, acked_s] per delivery; the
     times are time.monotonic(), one clock for every process of the machine. Stops early once it
-    has `want` deliveries (0: run every round).
+    has `want` deliveries (0: run every round). With push, the ack of a batch and the delivery
+    of the next are one call (delivery.ack_and_deliver, as a waiting WebSocket subscriber's),
+    and the last batch is acked on its own.
     """
     membership.join_group(keys.CONSOLE, group, topic, member_id)
     got: list = []
+    unacked: list[str] = []
     try:
         for _ in range(rounds):
-            result = delivery.deliver_messages(
-                keys.CONSOLE, group, topic, member_id, batch, auto_ack=bool(auto_ack)
-            )
+            if push and unacked:
+                both = delivery.ack_and_deliver(
+                    keys.CONSOLE, group, unacked, topic, member_id, 0, batch
+                )
+                assert not both.acked.stale, both.acked
+                result = both.delivered
+                if result is None:
+                    break  # the member is gone: nothing was delivered
+            else:
+                result = delivery.deliver_messages(
+                    keys.CONSOLE, group, topic, member_id, batch, auto_ack=bool(auto_ack)
+                )
             delivered_s = time.monotonic()
+            if push:
+                unacked = [d.receipt for d in result.deliveries]
+                got += [
+                    [d.message.partition, d.message.offset, d.attempt, member_id, delivered_s, 0]
+                    for d in result.deliveries
+                ]
+                time.sleep(pause_ms / 1000)
+                continue
             if result.deliveries and not auto_ack:
                 acked_s = time.monotonic()
                 settled = delivery.ack_messages(
@@ -90,6 +111,8 @@ def member(
             if want and len(got) >= want:
                 break
             time.sleep(pause_ms / 1000)
+        if unacked:
+            assert not delivery.ack_messages(keys.CONSOLE, group, unacked).stale
     finally:
         membership.leave_group(keys.CONSOLE, group, member_id)
     return got
