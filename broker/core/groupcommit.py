@@ -59,8 +59,8 @@ def append_batches(
         return outcomes
     # First all together, without savepoints: a savepoint and its release are two more round
     # trips per group commit on PostgreSQL (docs/benchmarks.md). Should one request be at fault,
-    # the transaction rolls back and each is appended again in a savepoint of its own.
-    together: dict[int, list[AppendResult]] = {}
+    # the transaction rolls back and each is appended again in a savepoint of its own (which
+    # sets every outcome this attempt set).
     try:
         with transaction.atomic(durable=True):
             for topic, planned in by_topic.values():
@@ -69,14 +69,11 @@ def append_batches(
                 )
                 start = 0
                 for i, plan in planned:
-                    together[i] = results[start : start + len(plan)]
+                    outcomes[i] = results[start : start + len(plan)]
                     start += len(plan)
+        return outcomes
     except (errors.BrokerError, IntegrityError):
         pass  # one of them is at fault: find out which, one by one
-    else:
-        for i, results in together.items():
-            outcomes[i] = results
-        return outcomes
     with transaction.atomic(durable=True):
         for topic, planned in by_topic.values():
             _append_each(topic, planned, outcomes)
