@@ -208,21 +208,26 @@ def test_console_socket__session_and_origin_checked_by_daphne(console_url: str) 
     assert orjson.loads(hello) == {"type": "hello", "interval_ms": 300}
 
 
-def test_console_pages__borrow_pooled_connections(console_url: str) -> None:
-    """On PostgreSQL a console page borrows a connection from the process's pool: the server's
-    sessions stay the same few, however many pages are served (before: one session opened and
-    ended per page)."""
+def test_console_pages__borrow_pooled_connections(transactional_db: None) -> None:
+    """On PostgreSQL, with FERRY_DB_POOL_SIZE, a console page borrows a connection from the
+    process's pool: the server's sessions stay the same few, however many pages are served
+    (without it: one session opened and ended per page, or more)."""
     from django.db import connection
 
     if connection.vendor != "postgresql":
         pytest.skip("the pool is PostgreSQL's")
     make_user("pooled", perms=("view_console",))
-    with logged_in(console_url, "pooled") as client:
-        before = sessions_opened()
-        for _ in range(20):
-            assert client.get("/topics/").status_code == 200
-        opened = sessions_opened() - before
-    # Before the pool: one a page. Now none, or the pool's first few.
+    proc, url = start_daphne(FERRY_DB_POOL_SIZE="20")
+    try:
+        with logged_in(url, "pooled") as client:
+            before = sessions_opened()
+            for _ in range(20):
+                assert client.get("/topics/").status_code == 200
+            opened = sessions_opened() - before
+    finally:
+        stop(proc)
+        wait_for_sessions_to_end()
+    # Without the pool: 50 for these 20 pages. With it: none, or the pool's first few.
     assert opened <= 5, opened
 
 
