@@ -700,7 +700,12 @@ def test_disk_full__507_then_back_by_itself(embedded):
                 f.flush()
 
     figures = run_scenario(
-        embedded, "disk", fill, lambda: filler.unlink(missing_ok=True), value_bytes=2000, outage_s=3.0
+        embedded,
+        "disk",
+        fill,
+        lambda: filler.unlink(missing_ok=True),
+        value_bytes=2000,
+        outage_s=3.0,
     )
     assert figures["outage_errors"].get("insufficient_storage"), figures
     print("disk full:", figures)
