@@ -140,15 +140,13 @@ def database_config() -> dict[str, Any]:
             config.setdefault("OPTIONS", {}).update(
                 server_side_binding=True, prepare_threshold=threshold
             )
-        # FERRY_DB_POOL_SIZE > 0: a pool per process (psycopg_pool through Django): the
-        # database threads hold theirs for good, and a request of the console, the admin or a
-        # Celery task borrows one instead of opening a connection (a few ms on PostgreSQL). A
-        # connection is checked when borrowed, so one the server ended is replaced; a borrow
-        # waits at most FERRY_DB_POOL_TIMEOUT_SECONDS, then fails as the database being away
-        # does (503). Off by default for now: a process then holds idle sessions until it
-        # exits, and one full test run in four found one still open when the test database
-        # was dropped (docs/benchmarks.md).
-        pool_size = int(os.environ.get("FERRY_DB_POOL_SIZE", "0"))
+        # A pool per process (psycopg_pool through Django), FERRY_DB_POOL_SIZE connections at
+        # most: the database threads hold theirs for good, and a request of the console, the
+        # admin or a Celery task borrows one instead of opening a connection (a few ms on
+        # PostgreSQL). A connection is checked when borrowed, so one the server ended is
+        # replaced; a borrow waits at most FERRY_DB_POOL_TIMEOUT_SECONDS, then fails as the
+        # database being away does (503). 0: a connection per request, as Django does.
+        pool_size = int(os.environ.get("FERRY_DB_POOL_SIZE", "20"))
         if pool_size > 0:
             config.setdefault("OPTIONS", {})["pool"] = {
                 "min_size": min(2, pool_size),
