@@ -36,7 +36,8 @@ def django_db_setup(django_db_setup: None, django_db_blocker: Any) -> Iterator[N
         gc.collect()
         left = end_lingering_sessions()
     if left:
-        warnings.warn(f"sessions ended at the end of the run: {left}", LingeringSession, stacklevel=1)
+        message = f"sessions ended at the end of the run: {left}"
+        warnings.warn(message, LingeringSession, stacklevel=1)
 
 
 @pytest.fixture(autouse=True)
