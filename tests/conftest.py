@@ -32,7 +32,7 @@ def django_db_setup(django_db_setup: None, django_db_blocker: Any) -> Iterator[N
     with django_db_blocker.unblock():
         connections.close_all()
         # This process's own pool (as pytest-django would close it, only later).
-        connection.close_pool()
+        connection.close_pool()  # type: ignore[attr-defined]
         gc.collect()
         left = end_lingering_sessions()
     if left:

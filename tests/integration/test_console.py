@@ -218,8 +218,9 @@ def test_console_pages__borrow_pooled_connections(transactional_db: None) -> Non
         pytest.skip("the pool is PostgreSQL's")
     make_user("pooled", perms=("view_console",))
 
-    def sessions_for_20_pages(**env: str) -> int:
-        proc, url = start_daphne(**env)
+    def sessions_for_20_pages(pool_size: str | None = None) -> int:
+        env = {} if pool_size is None else {"FERRY_DB_POOL_SIZE": pool_size}
+        proc, url = start_daphne(None, **env)
         try:
             with logged_in(url, "pooled") as client:
                 before = sessions_opened()
@@ -233,7 +234,7 @@ def test_console_pages__borrow_pooled_connections(transactional_db: None) -> Non
     # None, or the pool's first few.
     assert sessions_for_20_pages() <= 5
     # Without the pool: 50 for these 20 pages.
-    assert sessions_for_20_pages(FERRY_DB_POOL_SIZE="0") >= 20
+    assert sessions_for_20_pages("0") >= 20
 
 
 def sessions_opened() -> int:
