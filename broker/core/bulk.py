@@ -16,6 +16,11 @@ from django.utils import timezone
 # SQLite allows 32766 parameters per statement; a few hundred rows per INSERT is the sweet spot.
 SQLITE_MAX_PARAMETERS = 32766
 MAX_ROWS_PER_INSERT = 500
+# PostgreSQL: a COPY costs the server a fixed setup that a one-row INSERT does not (~65 µs more
+# here), and psycopg's copy machinery more Python than one execute; from 4 rows on COPY is the
+# cheaper (docs/benchmarks.md). One in-flight run per delivery and one message per produce are
+# the common cases below it.
+PG_COPY_MIN_ROWS = 4
 
 
 def _quoted(columns: Sequence[str]) -> str:
@@ -28,6 +33,11 @@ def insert_rows(table: str, columns: Sequence[str], rows: Sequence[tuple[object,
     if not rows:
         return
     if connection.vendor == "postgresql":
+        if len(rows) < PG_COPY_MIN_ROWS:
+            values: list[Any] = [v for r in rows for v in r]
+            with connection.cursor() as cursor:
+                cursor.execute(_pg_insert(table, tuple(columns), len(rows)), values)
+            return
         copy_sql = f"COPY {table} ({_quoted(columns)}) FROM STDIN"
         with connection.cursor() as cursor, cursor.cursor.copy(copy_sql) as copy:
             # cursor.cursor is psycopg's own cursor, which speaks COPY.
@@ -43,6 +53,15 @@ def insert_rows(table: str, columns: Sequence[str], rows: Sequence[tuple[object,
         sqlite.execute(
             _sqlite_insert(table, tuple(columns), len(chunk)), [v for r in chunk for v in r]
         )
+
+
+@functools.cache
+def _pg_insert(table: str, columns: tuple[str, ...], row_count: int) -> str:
+    """A multi-row INSERT in psycopg's "%s" style (bound and, once repeated, prepared by the
+    server)."""
+    row = "(" + ", ".join(["%s"] * len(columns)) + ")"
+    # table and columns are the callers' constants, never input.
+    return f"INSERT INTO {table} ({_quoted(columns)}) VALUES " + ", ".join([row] * row_count)  # noqa: S608
 
 
 @functools.cache
