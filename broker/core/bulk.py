@@ -212,4 +212,8 @@ def update_rows(rows: Sequence[Model], fields: Sequence[str]) -> None:
         for row in rows
     ]
     with connection.cursor() as cursor:
-        cursor.executemany(sql, params)
+        if len(params) == 1:
+            # psycopg runs an executemany in pipeline mode: more work than one execute.
+            cursor.execute(sql, params[0])
+        else:
+            cursor.executemany(sql, params)

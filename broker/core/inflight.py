@@ -6,9 +6,11 @@ See docs/architecture.md#in-flight-by-runs and docs/architecture.md#locks.
 import re
 import secrets
 from collections.abc import Iterable
+from typing import Any
 
 import orjson
 from django.db import connection
+from django.utils import timezone
 
 from broker import models
 from broker.core import bulk, events
@@ -189,6 +191,54 @@ LOWEST_IN_FLIGHT = (
 )
 
 
+# PostgreSQL: the lowest in-flight offsets and the update in one statement (a round trip
+# fewer on every settlement); the rows' offsets as the caller holds them come in VALUES.
+RECOMPUTE_COMMITTED = (
+    "WITH v (id, group_id, partition_id, subscriber, delivered, committed) AS (VALUES {}), "
+    't AS (SELECT v.id, v.committed, COALESCE((SELECT MIN(i."offset") FROM broker_inflight i '
+    "WHERE i.group_id = v.group_id AND i.partition_id = v.partition_id "
+    "AND i.subscriber = v.subscriber), GREATEST(v.delivered, v.committed)) AS target FROM v) "
+    "UPDATE broker_groupoffset o SET committed_offset = t.target FROM t "
+    "WHERE o.id = t.id AND t.target <> t.committed RETURNING o.id, o.committed_offset"
+)
+RECOMPUTE_ROW = "(%s::bigint, %s::bigint, %s::bigint, %s::text, %s::bigint, %s::bigint)"
+# PostgreSQL: a delivery's offsets stored with their committed offsets recomputed, one
+# statement (a delivery after an ack that deferred its recompute, or one that deleted runs).
+SAVE_RECOMPUTED = (
+    "WITH v (id, group_id, partition_id, subscriber, delivered, committed, filtered) AS "
+    "(VALUES {}), t AS (SELECT v.id, v.delivered, v.filtered, COALESCE((SELECT "
+    'MIN(i."offset") FROM broker_inflight i WHERE i.group_id = v.group_id AND '
+    "i.partition_id = v.partition_id AND i.subscriber = v.subscriber), "
+    "GREATEST(v.delivered, v.committed)) AS target FROM v) "
+    "UPDATE broker_groupoffset o SET committed_offset = t.target, delivered_offset = "
+    "t.delivered, filtered_count = t.filtered, updated_at = %s FROM t WHERE o.id = t.id "
+    "RETURNING o.id, o.committed_offset"
+)
+SAVE_ROW = "(%s::bigint, %s::bigint, %s::bigint, %s::text, %s::bigint, %s::bigint, %s::bigint)"
+
+
+def save_recomputed(rows: dict[OffsetKey, models.GroupOffset]) -> None:
+    """PostgreSQL: store the rows' delivered offsets and filtered counts, and set their
+    committed offsets as recompute_committed does, in one statement.
+
+    Caller holds the rows' locks (locked_offsets).
+    """
+    if not rows:
+        return
+    by_id = {row.id: row for row in rows.values()}
+    now = timezone.now()
+    values: list[Any] = []
+    for key in sorted(rows):
+        row = rows[key]
+        row.updated_at = now
+        values += [row.id, *key, row.delivered_offset, row.committed_offset, row.filtered_count]
+    sql = SAVE_RECOMPUTED.format(", ".join([SAVE_ROW] * len(rows)))
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [*values, now])
+        for oid, committed in cursor.fetchall():
+            by_id[oid].committed_offset = committed
+
+
 def recompute_committed(rows: dict[OffsetKey, models.GroupOffset]) -> None:
     """Set each row's committed offset to its lowest in-flight offset, or its delivered offset.
 
@@ -197,6 +247,18 @@ def recompute_committed(rows: dict[OffsetKey, models.GroupOffset]) -> None:
     if not rows:
         return
     keys_ = sorted(rows)
+    if connection.vendor == "postgresql":
+        by_id = {row.id: row for row in rows.values()}
+        values: list[Any] = []
+        for key in keys_:
+            row = rows[key]
+            values += [row.id, *key, row.delivered_offset, row.committed_offset]
+        sql = RECOMPUTE_COMMITTED.format(", ".join([RECOMPUTE_ROW] * len(keys_)))
+        with connection.cursor() as cursor:
+            cursor.execute(sql, values)
+            for oid, committed in cursor.fetchall():
+                by_id[oid].committed_offset = committed
+        return
     where = " OR ".join(["(group_id = %s AND partition_id = %s AND subscriber = %s)"] * len(keys_))
     with connection.cursor() as cursor:
         cursor.execute(LOWEST_IN_FLIGHT.format(where), [v for key in keys_ for v in key])

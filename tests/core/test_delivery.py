@@ -488,7 +488,7 @@ def test_deliver_messages__a_rebalance_changes_the_partitions_read(topic_factory
 # docs/benchmarks.md#the-per-message-path-benchper_messagepy has the before and after.
 STATEMENTS = {
     "sqlite": {"ack": 8, "deliver": 7, "ack_and_deliver": 11},
-    "postgresql": {"ack": 9, "deliver": 10, "ack_and_deliver": 14},
+    "postgresql": {"ack": 8, "deliver": 10, "ack_and_deliver": 12},
 }
 
 
@@ -516,6 +516,34 @@ def test_ack_and_deliver__statements(topic_factory, console):
     assert result.delivered is not None
     assert len(result.delivered.deliveries) == 1
     assert counts == STATEMENTS[connection.vendor]
+
+
+def test_ack_and_deliver__committed_offsets_follow_the_lowest_in_flight(topic_factory, console):
+    """The ack's committed offset, written by the delivery's own update on PostgreSQL: out of
+    order, in order, and with nothing left to deliver."""
+    topic = topic_factory().name
+    produce(console, topic, 4)
+    joined(console, topic)
+    got = list(deliver(console, topic, n=3))
+
+    def ack(receipt):
+        result = delivery.ack_and_deliver(console, "g", [receipt], topic, "m", 0, 100)
+        assert result.acked.settled == 1
+        assert result.delivered is not None
+        return [d.message.offset for d in result.delivered.deliveries], result.delivered
+
+    # Out of order: offset 1 settled, 0 still in flight; the freed credit takes offset 3.
+    offsets, third = ack(got[1].receipt)
+    assert offsets == [3]
+    assert committed("g", topic).committed_offset == 0
+    # In order: the lowest in flight is 2 now; nothing is left to deliver.
+    assert ack(got[0].receipt)[0] == []
+    assert committed("g", topic).committed_offset == 2
+    assert ack(got[2].receipt)[0] == []
+    assert committed("g", topic).committed_offset == 3
+    assert ack(third.deliveries[0].receipt)[0] == []
+    lag = committed("g", topic)
+    assert (lag.committed_offset, lag.in_flight) == (4, 0)
 
 
 def test_ack_and_deliver__receipt_of_an_earlier_assignment(topic_factory, console):

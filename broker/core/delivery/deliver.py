@@ -122,11 +122,14 @@ def deliver_in_transaction(
     *,
     auto_ack: bool = False,
     locked: dict[inflight.OffsetKey, models.GroupOffset] | None = None,
+    recompute: set[inflight.OffsetKey] | None = None,
 ) -> DeliveryResult:
     """deliver_messages inside the caller's bookkeeping transaction, after touch_member.
 
     locked: offset rows the caller locked in this transaction already (and keeps up to date),
-    read again only when they do not cover the member's partitions.
+    read again only when they do not cover the member's partitions. recompute (PostgreSQL):
+    offset rows whose committed offsets an ack in this transaction left to recompute
+    (settle.ack_in_transaction's defer_committed), all among the member's.
     """
     now = log.now_ms()
     member_id = member.member_id
@@ -142,6 +145,7 @@ def deliver_in_transaction(
         groups.ensure_offsets(group, partition_ids, subscriber)
         offsets = inflight.locked_offsets(wanted)
     batch = _Batch(group, topic, member, subscriber, now, max_messages, auto_ack)
+    batch.recompute = bool(recompute)
     batch.before = {
         r.partition_id: (r.committed_offset, r.delivered_offset, r.filtered_count)
         for r in offsets.values()
@@ -218,6 +222,8 @@ class _Batch:
         self.before: dict[int, tuple[int, int, int]] = {}
         # Ordered mode: partitions with a message in flight deliver nothing new.
         self.blocked: set[int] = set()
+        # Committed offsets an earlier settlement in this transaction left to recompute.
+        self.recompute = False
 
     @property
     def room(self) -> int:
@@ -387,6 +393,9 @@ class _Batch:
         unchanged (committed < delivered tells it had some), and one that had none now starts
         at its first new run, or at its delivered offset.
         """
+        if (self.deleted or self.recompute) and connection.vendor == "postgresql":
+            inflight.save_recomputed(offsets)
+            return
         if self.deleted:
             bulk.update_rows(
                 list(offsets.values()), ["delivered_offset", "filtered_count", "updated_at"]

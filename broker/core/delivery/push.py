@@ -50,8 +50,12 @@ def ack_and_deliver(
             found = _member_or_none(principal, group_name, member_id, topic_name)
             locked: dict[inflight.OffsetKey, models.GroupOffset] = {}
             postgresql = connection.vendor == "postgresql"
+            # PostgreSQL: the committed offsets the ack moves are written by the delivery's
+            # own update of the same rows (a statement fewer).
+            deferred: set[inflight.OffsetKey] | None = None
             if found is not None and postgresql:
                 locked = deliver.lock_member_offsets(found[1], found[2])
+                deferred = set()
             acked = settle.ack_in_transaction(
                 principal,
                 group_name,
@@ -59,12 +63,17 @@ def ack_and_deliver(
                 group=found[1] if found else None,
                 locked=locked,
                 lock_more=found is None or not postgresql,
+                defer_committed=deferred,
             )
             room = min(max_messages, credit + acked.settled)
             if found is None or room <= 0:
+                if deferred:
+                    inflight.recompute_committed({key: locked[key] for key in deferred})
                 return AckAndDelivery(acked)
             topic, group, member = found
-            delivered = deliver.deliver_in_transaction(topic, group, member, room, locked=locked)
+            delivered = deliver.deliver_in_transaction(
+                topic, group, member, room, locked=locked, recompute=deferred
+            )
             return AckAndDelivery(acked, delivered)
     except settle.LocksOutOfOrder:
         pass  # rolled back: the ack and the delivery in two transactions

@@ -237,13 +237,16 @@ def ack_in_transaction(
     group: models.ConsumerGroup | None = None,
     locked: dict[inflight.OffsetKey, models.GroupOffset] | None = None,
     lock_more: bool = True,
+    defer_committed: set[inflight.OffsetKey] | None = None,
 ) -> SettleResult:
     """ack_messages inside the caller's write transaction (transactions.commit_transaction).
 
     group: the group, if the caller read it in this transaction already. locked: offset rows
     the caller locked already; the rows this ack locks are added to it, and all it settles are
     kept up to date (for a delivery that follows). lock_more False: raise LocksOutOfOrder
-    rather than lock rows besides those (push.ack_and_deliver).
+    rather than lock rows besides those (push.ack_and_deliver). defer_committed: the committed
+    offsets of the rows it settled are left for the caller to recompute before it commits
+    (their keys are added to it), as a delivery that follows does in its own write.
     """
     now = log.now_ms()
     settling = _Settling(principal, group_name, receipts, group, locked, lock_more)
@@ -273,7 +276,10 @@ def ack_in_transaction(
             for _, offset in named
         ]
     )
-    inflight.recompute_committed(settling.offsets)
+    if defer_committed is None:
+        inflight.recompute_committed(settling.offsets)
+    else:
+        defer_committed.update(settling.offsets)
     if locked is not None:
         locked.update(settling.offsets)
     return SettleResult(settled=settling.count, stale=settling.stale)
