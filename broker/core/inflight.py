@@ -130,23 +130,50 @@ SELECT_OFFSETS = (
 )
 
 
+# Whether a retry of the row's partition is due: a delivery asks it with its lock, which saves
+# it a query of its own (a settlement between the two only removes runs).
+RETRY_DUE = (
+    ", EXISTS (SELECT 1 FROM broker_inflight i WHERE i.group_id = o.group_id "
+    "AND i.subscriber = o.subscriber AND i.partition_id = o.partition_id AND i.state = %s "
+    "AND i.deadline_ms <= %s)"
+)
+
+
 def locked_offsets(keys_: Iterable[OffsetKey]) -> dict[OffsetKey, models.GroupOffset]:
     """Lock the group offset rows of these keys, in id order. Caller holds the transaction."""
+    return _locked(keys_, None)[0]
+
+
+def locked_offsets_and_due(
+    keys_: Iterable[OffsetKey], now_ms: int
+) -> tuple[dict[OffsetKey, models.GroupOffset], bool]:
+    """locked_offsets, and whether any of these rows has a retry due at now_ms."""
+    return _locked(keys_, now_ms)
+
+
+def _locked(
+    keys_: Iterable[OffsetKey], due_at: int | None
+) -> tuple[dict[OffsetKey, models.GroupOffset], bool]:
     wanted = sorted(set(keys_))
     if not wanted:
-        return {}
+        return {}, False
     where = " OR ".join(
         ["(o.group_id = %s AND o.partition_id = %s AND o.subscriber = %s)"] * len(wanted)
     )
     sql = SELECT_OFFSETS.format(where)
+    params: list[Any] = [v for key in wanted for v in key]
+    if due_at is not None:
+        sql = sql.replace(" FROM broker_groupoffset o", RETRY_DUE + " FROM broker_groupoffset o", 1)
+        params = [models.InFlight.State.RETRY_WAIT.value, due_at, *params]
     if connection.vendor == "postgresql":
         # Group offset locks: serialize everything that reads or changes these partitions'
         # InFlight rows (SQLite serializes writers with BEGIN IMMEDIATE instead).
         sql += " FOR NO KEY UPDATE OF o"
     with connection.cursor() as cursor:
-        cursor.execute(sql, [v for key in wanted for v in key])
+        cursor.execute(sql, params)
         found = cursor.fetchall()
     rows = {}
+    due = False
     for (
         oid,
         gid,
@@ -161,7 +188,9 @@ def locked_offsets(keys_: Iterable[OffsetKey]) -> dict[OffsetKey, models.GroupOf
         nxt,
         start,
         size,
+        *retry_due,
     ) in found:
+        due = due or bool(retry_due and retry_due[0])
         row = models.GroupOffset(
             id=oid,
             group_id=gid,
@@ -181,7 +210,7 @@ def locked_offsets(keys_: Iterable[OffsetKey]) -> dict[OffsetKey, models.GroupOf
             bytes_stored=size,
         )
         rows[(gid, pid, sub)] = row
-    return rows
+    return rows, due
 
 
 # Raw SQL for the same reason as SELECT_OFFSETS: every settlement runs it.

@@ -104,14 +104,17 @@ def _subscriber(group: models.ConsumerGroup, member: models.GroupMember) -> str:
 
 def lock_member_offsets(
     group: models.ConsumerGroup, member: models.GroupMember
-) -> dict[inflight.OffsetKey, models.GroupOffset]:
-    """Lock the offset rows the member delivers from, in id order (those that exist yet).
+) -> tuple[dict[inflight.OffsetKey, models.GroupOffset], bool]:
+    """Lock the offset rows the member delivers from, in id order (those that exist yet); and
+    whether a retry of theirs is due (deliver_in_transaction's retries_due).
 
     Caller holds the bookkeeping transaction and the group's lock (member_for_delivery).
     """
     subscriber = _subscriber(group, member)
     partition_ids = membership.held_partitions(group, member, cached=True)
-    return inflight.locked_offsets((group.id, pid, subscriber) for pid in partition_ids)
+    return inflight.locked_offsets_and_due(
+        ((group.id, pid, subscriber) for pid in partition_ids), log.now_ms()
+    )
 
 
 def deliver_in_transaction(
@@ -123,34 +126,37 @@ def deliver_in_transaction(
     auto_ack: bool = False,
     locked: dict[inflight.OffsetKey, models.GroupOffset] | None = None,
     recompute: set[inflight.OffsetKey] | None = None,
+    retries_due: bool | None = None,
 ) -> DeliveryResult:
     """deliver_messages inside the caller's bookkeeping transaction, after touch_member.
 
     locked: offset rows the caller locked in this transaction already (and keeps up to date),
     read again only when they do not cover the member's partitions. recompute (PostgreSQL):
     offset rows whose committed offsets an ack in this transaction left to recompute
-    (settle.ack_in_transaction's defer_committed), all among the member's.
+    (settle.ack_in_transaction's defer_committed), all among the member's. retries_due:
+    whether a retry was due when the caller locked those rows (lock_member_offsets).
     """
     now = log.now_ms()
     member_id = member.member_id
     subscriber = _subscriber(group, member)
     partition_ids = membership.held_partitions(group, member, cached=True)
     wanted = [(group.id, pid, subscriber) for pid in sorted(partition_ids)]
+    due = retries_due
     if locked is not None and all(key in locked for key in wanted):
         offsets = {key: locked[key] for key in wanted}
     else:
-        offsets = inflight.locked_offsets(wanted)
+        offsets, due = inflight.locked_offsets_and_due(wanted, now)
     if len(offsets) < len(partition_ids):
         # First delivery from some partition: its offsets start where the group does.
         groups.ensure_offsets(group, partition_ids, subscriber)
-        offsets = inflight.locked_offsets(wanted)
+        offsets, due = inflight.locked_offsets_and_due(wanted, now)
     batch = _Batch(group, topic, member, subscriber, now, max_messages, auto_ack)
     batch.recompute = bool(recompute)
     batch.before = {
         r.partition_id: (r.committed_offset, r.delivered_offset, r.filtered_count)
         for r in offsets.values()
     }
-    batch.take_retries(offsets)
+    batch.take_retries(offsets, due)
     batch.take_new(offsets)
     batch.store()
     batch.save_offsets(offsets)
@@ -249,10 +255,19 @@ class _Batch:
                 )
             )
 
-    def take_retries(self, offsets: dict[inflight.OffsetKey, models.GroupOffset]) -> None:
-        """Redeliver due retries (nacked, expired deadline, redriven, released by a leaver)."""
+    def take_retries(
+        self, offsets: dict[inflight.OffsetKey, models.GroupOffset], any_due: bool | None
+    ) -> None:
+        """Redeliver due retries (nacked, expired deadline, redriven, released by a leaver).
+
+        any_due: whether one is, as the offsets' lock found (None: not asked; asked here).
+        """
         pids = [key[1] for key in offsets]
-        if not pids or (not self.group.ordered and not _any_due(self, pids)):
+        if not pids:
+            return
+        if not self.group.ordered and not (
+            any_due if any_due is not None else _any_due(self, pids)
+        ):
             return
         pending = models.InFlight.objects.filter(
             group=self.group, subscriber=self.subscriber, partition_id__in=pids

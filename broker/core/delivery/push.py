@@ -53,8 +53,9 @@ def ack_and_deliver(
             # PostgreSQL: the committed offsets the ack moves are written by the delivery's
             # own update of the same rows (a statement fewer).
             deferred: set[inflight.OffsetKey] | None = None
+            due: bool | None = None
             if found is not None and postgresql:
-                locked = deliver.lock_member_offsets(found[1], found[2])
+                locked, due = deliver.lock_member_offsets(found[1], found[2])
                 deferred = set()
             acked = settle.ack_in_transaction(
                 principal,
@@ -72,7 +73,7 @@ def ack_and_deliver(
                 return AckAndDelivery(acked)
             topic, group, member = found
             delivered = deliver.deliver_in_transaction(
-                topic, group, member, room, locked=locked, recompute=deferred
+                topic, group, member, room, locked=locked, recompute=deferred, retries_due=due
             )
             return AckAndDelivery(acked, delivered)
     except settle.LocksOutOfOrder:
