@@ -112,16 +112,6 @@ TEMPLATES = [
 ]
 
 
-def reset_pooled_session(conn: Any) -> None:
-    """What a connection back in the pool must not carry to its next borrower.
-
-    A reader thread's session refuses writes (broker/core/dbthreads.py): it accepts them again
-    before the pool lends it to anyone (run by the pool's own thread, on its return).
-    """
-    with conn.transaction():
-        conn.execute("SET SESSION CHARACTERISTICS AS TRANSACTION READ WRITE")
-
-
 def database_config() -> dict[str, Any]:
     """PostgreSQL from DATABASE_URL, else SQLite in WAL mode under FERRY_DATA_DIR."""
     url = os.environ.get("DATABASE_URL")
@@ -152,7 +142,6 @@ def database_config() -> dict[str, Any]:
                 "min_size": min(2, pool_size),
                 "max_size": pool_size,
                 "timeout": float(os.environ.get("FERRY_DB_POOL_TIMEOUT_SECONDS", "5")),
-                "reset": reset_pooled_session,
             }
             config["CONN_HEALTH_CHECKS"] = True
         # dj_database_url's DBConfig TypedDict is a plain dict at run time.

@@ -14,12 +14,14 @@ PostgreSQL), so a write sent to the wrong pool fails loudly instead of racing th
 import asyncio
 import functools
 import threading
+import weakref
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from asgiref.sync import sync_to_async
 from django.db import connection
+from django.db.backends.signals import connection_created
 from django.db.utils import DatabaseError
 
 from broker import settings as ferry_settings
@@ -67,15 +69,48 @@ def _get_read_pool() -> ThreadPoolExecutor | None:
     return _read_pool
 
 
+# PostgreSQL sessions made read-only here. With the connection pool (FERRY_DB_POOL_SIZE), one a
+# reader closed goes back to the pool: whoever borrows it next makes it accept writes again
+# first (_writable_again). Done at the borrow, on the borrower's thread: psycopg_pool's own
+# reset would run on its worker after the return, and a pool closed meanwhile drops that task
+# and leaves the session open (as a test run's end does, before it drops its database).
+_read_only_sessions: "weakref.WeakSet[Any]" = weakref.WeakSet()
+_read_only_lock = threading.Lock()
+READ_WRITE_SQL = "SET SESSION CHARACTERISTICS AS TRANSACTION READ WRITE"
+
+
 def make_read_only() -> None:
     """Make this thread's connection refuse writes, once per connection (it may reconnect)."""
     connection.ensure_connection()
     raw = connection.connection
-    if getattr(_local, "read_only_connection", None) is raw:
+    postgresql = connection.vendor == "postgresql"
+    if postgresql:
+        with _read_only_lock:
+            if raw in _read_only_sessions:
+                return
+    elif getattr(_local, "read_only_connection", None) is raw:
         return
     with connection.cursor() as cursor:
         cursor.execute(READ_ONLY_SQL[connection.vendor])
-    _local.read_only_connection = raw
+    if postgresql:
+        with _read_only_lock:
+            _read_only_sessions.add(raw)
+    else:
+        _local.read_only_connection = raw
+
+
+def _writable_again(sender: Any, connection: Any, **kwargs: Any) -> None:
+    """A borrowed PostgreSQL session a reader left read-only accepts writes again."""
+    raw = connection.connection
+    with _read_only_lock:
+        if raw not in _read_only_sessions:
+            return
+        _read_only_sessions.discard(raw)
+    with raw.cursor() as cursor:
+        cursor.execute(READ_WRITE_SQL)
+
+
+connection_created.connect(_writable_again, dispatch_uid="ferry.dbthreads.writable_again")
 
 
 def _get_pool() -> ThreadPoolExecutor | None:

@@ -83,19 +83,28 @@ async def test_read__a_replaced_connection_is_read_only_too(pools, console):
     assert not await dbthreads.run(lambda: models.Topic.objects.filter(name="sneaky").exists())
 
 
-@pytest.mark.django_db
-def test_pool_reset__a_readers_session_accepts_writes_again():
-    """A reader's session refuses writes; the pool's reset (mqsite/settings.py) runs when a
-    connection comes back, so its next borrower can write (the suite's flushes borrow them)."""
-    import psycopg
-
-    from mqsite.settings import reset_pooled_session
-
-    if connection.vendor != "postgresql":
+@pytest.mark.django_db(transaction=True)
+def test_pool__a_readers_session_accepts_writes_again_when_lent():
+    """A reader's session refuses writes; back in the pool (FERRY_DB_POOL_SIZE), the next
+    borrower makes it accept them before using it (the suite's flushes borrow them too)."""
+    if connection.vendor != "postgresql" or connection.pool is None:  # type: ignore[attr-defined]
         pytest.skip("PostgreSQL's connection pool")
-    params = connection.get_connection_params()
-    params.pop("cursor_factory", None)
-    with psycopg.connect(**params, autocommit=True) as raw:
-        raw.execute(dbthreads.READ_ONLY_SQL["postgresql"])
-        reset_pooled_session(raw)
-        assert raw.execute("SHOW default_transaction_read_only").fetchone() == ("off",)
+    dbthreads.make_read_only()
+    raw = connection.connection
+    connection.close()  # back to the pool, still read-only
+    # The pool lends its idle connections in turn: borrow until that one comes back.
+    for _ in range(connection.pool.max_size + 1):  # type: ignore[attr-defined]
+        connection.ensure_connection()
+        if connection.connection is raw:
+            break
+        connection.close()
+    assert connection.connection is raw
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW default_transaction_read_only")
+        assert cursor.fetchone() == ("off",)
+    # Made read-only again when a reader borrows it.
+    dbthreads.make_read_only()
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW default_transaction_read_only")
+        assert cursor.fetchone() == ("on",)
+    connection.close()
