@@ -42,3 +42,17 @@ def test_read_of_a_partition_newer_than_the_statistics_uses_the_offset_index():
     new = fill("plan.new", 5000)
     found = plan(new)
     assert "message_partition_offset_uniq" in found, found
+
+
+@pytest.mark.skipif("connection.vendor != 'postgresql'")
+def test_message_rows_carry_no_foreign_key_check():
+    """ADR 0017: PostgreSQL checked the partition of every message row at its commit; the
+    other tables keep theirs."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT conrelid::regclass::text FROM pg_constraint WHERE contype = 'f' "
+            "AND confrelid = 'broker_partition'::regclass"
+        )
+        referencing = {table for (table,) in cursor.fetchall()}
+    assert "broker_message" not in referencing
+    assert {"broker_inflight", "broker_groupoffset", "broker_partitionlease"} <= referencing
