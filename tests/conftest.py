@@ -22,9 +22,10 @@ _names = itertools.count()
 def django_db_setup(django_db_setup: None, django_db_blocker: Any) -> Iterator[None]:
     """pytest-django's test database, which no session may outlive (PostgreSQL).
 
-    PostgreSQL refuses to drop a database while any session is open on it. A run ended once in
-    a few with one still open after every server had stopped; it is ended here, and named in a
-    warning (the process holding it), instead of failing the run's last test.
+    PostgreSQL refuses to drop a database while any session is open on it. One left open (as a
+    pooled connection was, returned just before its pool closed: docs/benchmarks.md) is ended
+    here and named in a warning (the process holding it), instead of failing the run's last
+    test.
     """
     yield
     if connection.vendor != "postgresql":

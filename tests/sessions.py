@@ -44,13 +44,16 @@ def lingering_sessions() -> list[dict[str, Any]]:
     for pid, application, state, port, started, query in rows:
         holder = ""
         if port and port > 0:
-            listed = subprocess.run(
-                ["ss", "-Htnp", "state", "all", f"( sport = :{port} )"],
-                capture_output=True,
-                text=True,
-                check=False,
-            )
-            holder = _process_of(listed.stdout)
+            try:
+                listed = subprocess.run(
+                    ["ss", "-Htnp", "state", "all", f"( sport = :{port} )"],
+                    capture_output=True,
+                    text=True,
+                    check=False,
+                )
+                holder = _process_of(listed.stdout)
+            except OSError:
+                holder = "? (no ss: install iproute2 to name it)"
         found.append(
             {
                 "backend": pid,
