@@ -125,8 +125,8 @@ _OFFSET_COLUMNS = (
     "p.bytes_stored"
 )
 SELECT_OFFSETS = (
-    f"SELECT {_OFFSET_COLUMNS} FROM broker_groupoffset o "  # noqa: S608 (constants only)
-    "JOIN broker_partition p ON p.id = o.partition_id WHERE {} ORDER BY o.id"
+    f"SELECT {_OFFSET_COLUMNS}{{due}} FROM broker_groupoffset o "  # noqa: S608 (constants only)
+    "JOIN broker_partition p ON p.id = o.partition_id WHERE {where} ORDER BY o.id"
 )
 
 
@@ -160,10 +160,9 @@ def _locked(
     where = " OR ".join(
         ["(o.group_id = %s AND o.partition_id = %s AND o.subscriber = %s)"] * len(wanted)
     )
-    sql = SELECT_OFFSETS.format(where)
+    sql = SELECT_OFFSETS.format(due="" if due_at is None else RETRY_DUE, where=where)
     params: list[Any] = [v for key in wanted for v in key]
     if due_at is not None:
-        sql = sql.replace(" FROM broker_groupoffset o", RETRY_DUE + " FROM broker_groupoffset o", 1)
         params = [models.InFlight.State.RETRY_WAIT.value, due_at, *params]
     if connection.vendor == "postgresql":
         # Group offset locks: serialize everything that reads or changes these partitions'
@@ -220,30 +219,42 @@ LOWEST_IN_FLIGHT = (
 )
 
 
-# PostgreSQL: the lowest in-flight offsets and the update in one statement (a round trip
-# fewer on every settlement); the rows' offsets as the caller holds them come in VALUES.
-RECOMPUTE_COMMITTED = (
-    "WITH v (id, group_id, partition_id, subscriber, delivered, committed) AS (VALUES {}), "
-    't AS (SELECT v.id, v.committed, COALESCE((SELECT MIN(i."offset") FROM broker_inflight i '
+# PostgreSQL: each row's committed offset worked out and written in the statement that stores
+# it (a round trip fewer on every settlement): its lowest in-flight offset, or where delivery
+# got to. The rows' offsets as the caller holds them come in VALUES.
+_COMMITTED_TARGETS = (
+    "WITH v (id, group_id, partition_id, subscriber, delivered, committed, filtered) AS "
+    '(VALUES {rows}), t AS (SELECT v.*, COALESCE((SELECT MIN(i."offset") FROM broker_inflight i '
     "WHERE i.group_id = v.group_id AND i.partition_id = v.partition_id "
     "AND i.subscriber = v.subscriber), GREATEST(v.delivered, v.committed)) AS target FROM v) "
+)
+_TARGET_ROW = "(%s::bigint, %s::bigint, %s::bigint, %s::text, %s::bigint, %s::bigint, %s::bigint)"
+# Only the committed offsets that change (settlements).
+RECOMPUTE_COMMITTED = _COMMITTED_TARGETS + (  # noqa: S608 (constants only)
     "UPDATE broker_groupoffset o SET committed_offset = t.target FROM t "
     "WHERE o.id = t.id AND t.target <> t.committed RETURNING o.id, o.committed_offset"
 )
-RECOMPUTE_ROW = "(%s::bigint, %s::bigint, %s::bigint, %s::text, %s::bigint, %s::bigint)"
-# PostgreSQL: a delivery's offsets stored with their committed offsets recomputed, one
-# statement (a delivery after an ack that deferred its recompute, or one that deleted runs).
-SAVE_RECOMPUTED = (
-    "WITH v (id, group_id, partition_id, subscriber, delivered, committed, filtered) AS "
-    "(VALUES {}), t AS (SELECT v.id, v.delivered, v.filtered, COALESCE((SELECT "
-    'MIN(i."offset") FROM broker_inflight i WHERE i.group_id = v.group_id AND '
-    "i.partition_id = v.partition_id AND i.subscriber = v.subscriber), "
-    "GREATEST(v.delivered, v.committed)) AS target FROM v) "
+# A delivery's offsets whole (after an ack that left its recompute to it, or deleted runs).
+SAVE_RECOMPUTED = _COMMITTED_TARGETS + (  # noqa: S608 (constants only)
     "UPDATE broker_groupoffset o SET committed_offset = t.target, delivered_offset = "
     "t.delivered, filtered_count = t.filtered, updated_at = %s FROM t WHERE o.id = t.id "
     "RETURNING o.id, o.committed_offset"
 )
-SAVE_ROW = "(%s::bigint, %s::bigint, %s::bigint, %s::text, %s::bigint, %s::bigint, %s::bigint)"
+
+
+def _write_committed(sql: str, rows: dict[OffsetKey, models.GroupOffset], *more: Any) -> None:
+    """Run RECOMPUTE_COMMITTED or SAVE_RECOMPUTED (more: its parameters after the rows) and
+    take the committed offsets it wrote into the rows."""
+    keys_ = sorted(rows)
+    values: list[Any] = []
+    for key in keys_:
+        row = rows[key]
+        values += [row.id, *key, row.delivered_offset, row.committed_offset, row.filtered_count]
+    by_id = {row.id: row for row in rows.values()}
+    with connection.cursor() as cursor:
+        cursor.execute(sql.format(rows=", ".join([_TARGET_ROW] * len(keys_))), [*values, *more])
+        for oid, committed in cursor.fetchall():
+            by_id[oid].committed_offset = committed
 
 
 def save_recomputed(rows: dict[OffsetKey, models.GroupOffset]) -> None:
@@ -254,18 +265,10 @@ def save_recomputed(rows: dict[OffsetKey, models.GroupOffset]) -> None:
     """
     if not rows:
         return
-    by_id = {row.id: row for row in rows.values()}
     now = timezone.now()
-    values: list[Any] = []
-    for key in sorted(rows):
-        row = rows[key]
+    for row in rows.values():
         row.updated_at = now
-        values += [row.id, *key, row.delivered_offset, row.committed_offset, row.filtered_count]
-    sql = SAVE_RECOMPUTED.format(", ".join([SAVE_ROW] * len(rows)))
-    with connection.cursor() as cursor:
-        cursor.execute(sql, [*values, now])
-        for oid, committed in cursor.fetchall():
-            by_id[oid].committed_offset = committed
+    _write_committed(SAVE_RECOMPUTED, rows, now)
 
 
 def recompute_committed(rows: dict[OffsetKey, models.GroupOffset]) -> None:
@@ -275,19 +278,10 @@ def recompute_committed(rows: dict[OffsetKey, models.GroupOffset]) -> None:
     """
     if not rows:
         return
-    keys_ = sorted(rows)
     if connection.vendor == "postgresql":
-        by_id = {row.id: row for row in rows.values()}
-        values: list[Any] = []
-        for key in keys_:
-            row = rows[key]
-            values += [row.id, *key, row.delivered_offset, row.committed_offset]
-        sql = RECOMPUTE_COMMITTED.format(", ".join([RECOMPUTE_ROW] * len(keys_)))
-        with connection.cursor() as cursor:
-            cursor.execute(sql, values)
-            for oid, committed in cursor.fetchall():
-                by_id[oid].committed_offset = committed
+        _write_committed(RECOMPUTE_COMMITTED, rows)
         return
+    keys_ = sorted(rows)
     where = " OR ".join(["(group_id = %s AND partition_id = %s AND subscriber = %s)"] * len(keys_))
     with connection.cursor() as cursor:
         cursor.execute(LOWEST_IN_FLIGHT.format(where), [v for key in keys_ for v in key])

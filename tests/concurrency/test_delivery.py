@@ -62,6 +62,18 @@ def assert_all_committed(group, subscriber=""):
         assert (committed, in_flight) == (end, 0), f"partition {partition}"
 
 
+def assert_each_message_once(records, topic_name, group):
+    """Every message of the topic delivered once, on its first attempt, and all of it settled.
+
+    records: (partition, offset, attempt, member) of every delivery, the drain's included.
+    """
+    places = Counter((p, o) for p, o, _, _ in records)
+    assert [place for place, n in places.items() if n > 1] == [], "delivered twice"
+    assert set(places) == every_message(topic_name)
+    assert {attempt for *_, attempt, _ in records} == {1}
+    assert_all_committed(group)
+
+
 def drain(group, topic_name, member_id="closer"):
     """Deliver and ack whatever is left, as a last member; returns its deliveries."""
     membership.join_group(CONSOLE, group, topic_name, member_id)
@@ -177,11 +189,7 @@ def test_deliver_messages__clustering_delivers_each_message_once(topic_factory):
     records += [(p, o, attempt, m) for out in outputs for p, o, attempt, m, *_ in out]
     records += drain("g", topic.name)
 
-    places = Counter((p, o) for p, o, _, _ in records)
-    assert [place for place, n in places.items() if n > 1] == [], "delivered twice"
-    assert set(places) == every_message(topic.name)
-    assert {attempt for *_, attempt, _ in records} == {1}
-    assert_all_committed("g")
+    assert_each_message_once(records, topic.name, "g")
     # thread-0 polled before and after a rebalance, and every partition a thread read was
     # read by another member too: partitions changed hands with messages left to deliver.
     assert len(generations["thread-0"]) > 1, generations
@@ -212,11 +220,7 @@ def test_ack_and_deliver__members_across_processes_each_message_once(topic_facto
     outputs = collect(procs)
     records = [(p, o, attempt, m) for out in outputs for p, o, attempt, m, *_ in out]
     records += drain("g", topic.name)
-    places = Counter((p, o) for p, o, _, _ in records)
-    assert [place for place, n in places.items() if n > 1] == [], "delivered twice"
-    assert set(places) == every_message(topic.name)
-    assert {attempt for *_, attempt, _ in records} == {1}
-    assert_all_committed("g")
+    assert_each_message_once(records, topic.name, "g")
 
 
 def test_ack_messages__concurrent_out_of_order_acks(topic_factory):
