@@ -344,12 +344,22 @@ def run(args: argparse.Namespace, tmp: Path, fig: Figures) -> dict[str, float]:
             progress(
                 f"end to end: {LATENCY_RATE} single-message publishes/s for {LATENCY_SECONDS} s"
             )
+            cpu0, client0, wall0 = cpu_seconds(server.pid), cpu_seconds(os.getpid()), time.time()
             e2e = asyncio.run(end_to_end(ws_url, secret, e2e_topic))
+            wall = time.time() - wall0
+            cpu, client_cpu = cpu_seconds(server.pid) - cpu0, cpu_seconds(os.getpid()) - client0
             out["e2e_p50"], out["e2e_p99"] = p(e2e, 0.5), p(e2e, 0.99)
             fig.add(
                 f"end to end at {LATENCY_RATE} msgs/s",
                 f"p50 {p(e2e, 0.5):.2f} ms, p99 {p(e2e, 0.99):.2f} ms",
                 f"(target p50 <= {TARGET_E2E_P50_MS:.0f}, p99 <= {TARGET_E2E_P99_MS:.0f} ms)",
+            )
+            # Both processes share the machine's cores: how busy each was says whether the
+            # latency is the server's work or the machine's limit.
+            fig.add(
+                "… CPU during it, server / bench client",
+                f"{cpu / len(e2e) * 1e3:.3f} / {client_cpu / len(e2e) * 1e3:.3f} ms/msg",
+                f"busy {cpu / wall:.0%} / {client_cpu / wall:.0%} of a core",
             )
     finally:
         stop_daphne(server)

@@ -6,10 +6,12 @@ of every row, which costs more than the database's own work for a thousand-row b
 
 import contextlib
 import functools
+import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
-from django.db import connection, transaction
+from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
+from django.db.backends.sqlite3.base import FORMAT_QMARK_REGEX
 from django.db.models import Model
 from django.utils import timezone
 
@@ -23,6 +25,40 @@ MAX_ROWS_PER_INSERT = 500
 PG_COPY_MIN_ROWS = 4
 
 
+def run(sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+    """Run one statement ("%s" placeholders) on this thread's connection; its rows, if any.
+
+    Straight through the driver, for the statements of every produce, delivery and
+    settlement: a Django cursor per statement (its wrappers, the connection's thread-local
+    lookups and, on SQLite, a regex rewrite of the placeholders on every call) cost about a
+    quarter of a prefetch-2 ack and push on SQLite (docs/benchmarks.md). What Django's cursor
+    gives that matters is kept: its exceptions (IntegrityError, OperationalError, ...) and, when
+    queries are logged (DEBUG, CaptureQueriesContext), the statement in connection.queries.
+    A write needs the caller's transaction: outages.py does not see writes in autocommit here.
+    """
+    db = connections[DEFAULT_DB_ALIAS]
+    if db.connection is None:
+        db.ensure_connection()
+    raw = db.connection
+    logged = db.queries_logged
+    started = time.monotonic() if logged else 0.0
+    with db.wrap_database_errors:
+        if db.vendor == "sqlite":
+            cursor = raw.execute(_qmark(sql), params)
+        else:
+            cursor = raw.execute(sql, params)
+        rows = cursor.fetchall() if cursor.description is not None else []
+    if logged:
+        db.queries_log.append({"sql": sql, "time": f"{time.monotonic() - started:.3f}"})
+    return rows
+
+
+@functools.lru_cache(maxsize=1024)
+def _qmark(sql: str) -> str:
+    """Django's SQLite placeholder rewrite ("%s" to "?", "%%" to "%"), once per statement."""
+    return str(FORMAT_QMARK_REGEX.sub("?", sql)).replace("%%", "%")
+
+
 def _quoted(columns: Sequence[str]) -> str:
     # "offset" and "key" are reserved words on PostgreSQL; quoting every column is harmless.
     return ", ".join(f'"{c}"' for c in columns)
@@ -34,9 +70,7 @@ def insert_rows(table: str, columns: Sequence[str], rows: Sequence[tuple[object,
         return
     if connection.vendor == "postgresql":
         if len(rows) < PG_COPY_MIN_ROWS:
-            values: list[Any] = [v for r in rows for v in r]
-            with connection.cursor() as cursor:
-                cursor.execute(_pg_insert(table, tuple(columns), len(rows)), values)
+            run(_pg_insert(table, tuple(columns), len(rows)), [v for r in rows for v in r])
             return
         copy_sql = f"COPY {table} ({_quoted(columns)}) FROM STDIN"
         with connection.cursor() as cursor, cursor.cursor.copy(copy_sql) as copy:
@@ -149,9 +183,7 @@ def select_models(model: type[M], where: str, params: Sequence[Any]) -> list[M]:
     database does for a one-row lookup.
     """
     select, names, converters, _ = _select_plan(model, connection.vendor)
-    with connection.cursor() as cursor:
-        cursor.execute(select + where, params)
-        rows = cursor.fetchall()
+    rows = run(select + where, params)
     found = []
     for row in rows:
         values = list(row)
@@ -172,10 +204,8 @@ def select_joined(
     """
     plans = [(_select_plan(model, connection.vendor), model, alias) for model, alias in parts]
     columns = ", ".join(f'{alias}."{column}"' for (plan, _, alias) in plans for column in plan[3])
-    with connection.cursor() as cursor:
-        # tail and the columns come from the callers' constants and the models, never input.
-        cursor.execute(f"SELECT {columns} {tail}", params)
-        rows = cursor.fetchall()
+    # tail and the columns come from the callers' constants and the models, never input.
+    rows = run(f"SELECT {columns} {tail}", params)
     found = []
     for row in rows:
         values, start, instances = list(row), 0, []
@@ -211,9 +241,9 @@ def update_rows(rows: Sequence[Model], fields: Sequence[str]) -> None:
         [*(f.get_db_prep_save(getattr(row, f.attname), connection) for f in concrete), row.pk]
         for row in rows
     ]
+    if len(params) == 1:
+        # psycopg runs an executemany in pipeline mode: more work than one execute.
+        run(sql, params[0])
+        return
     with connection.cursor() as cursor:
-        if len(params) == 1:
-            # psycopg runs an executemany in pipeline mode: more work than one execute.
-            cursor.execute(sql, params[0])
-        else:
-            cursor.executemany(sql, params)
+        cursor.executemany(sql, params)

@@ -3,6 +3,7 @@
 See docs/architecture.md#in-flight-by-runs and docs/architecture.md#locks.
 """
 
+import functools
 import re
 import secrets
 from collections.abc import Iterable
@@ -168,9 +169,7 @@ def _locked(
         # Group offset locks: serialize everything that reads or changes these partitions'
         # InFlight rows (SQLite serializes writers with BEGIN IMMEDIATE instead).
         sql += " FOR NO KEY UPDATE OF o"
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        found = cursor.fetchall()
+    found = bulk.run(sql, params)
     rows = {}
     due = False
     for (
@@ -212,34 +211,48 @@ def _locked(
     return rows, due
 
 
-# Raw SQL for the same reason as SELECT_OFFSETS: every settlement runs it.
-LOWEST_IN_FLIGHT = (
-    'SELECT group_id, partition_id, subscriber, MIN("offset") FROM broker_inflight '
-    "WHERE {} GROUP BY group_id, partition_id, subscriber"
-)
-
-
-# PostgreSQL: each row's committed offset worked out and written in the statement that stores
-# it (a round trip fewer on every settlement): its lowest in-flight offset, or where delivery
-# got to. The rows' offsets as the caller holds them come in VALUES.
+# Each row's committed offset worked out and written in the statement that stores it (a round
+# trip fewer on every settlement than reading the lowest in-flight offsets first): its lowest
+# in-flight offset, or where delivery got to. The rows' offsets as the caller holds them come
+# in VALUES. One text for both databases but for their dialects (see _committed_sql).
 _COMMITTED_TARGETS = (
     "WITH v (id, group_id, partition_id, subscriber, delivered, committed, filtered) AS "
     '(VALUES {rows}), t AS (SELECT v.*, COALESCE((SELECT MIN(i."offset") FROM broker_inflight i '
     "WHERE i.group_id = v.group_id AND i.partition_id = v.partition_id "
-    "AND i.subscriber = v.subscriber), GREATEST(v.delivered, v.committed)) AS target FROM v) "
+    "AND i.subscriber = v.subscriber), {greatest}(v.delivered, v.committed)) AS target FROM v) "
 )
-_TARGET_ROW = "(%s::bigint, %s::bigint, %s::bigint, %s::text, %s::bigint, %s::bigint, %s::bigint)"
 # Only the committed offsets that change (settlements).
 RECOMPUTE_COMMITTED = _COMMITTED_TARGETS + (  # noqa: S608 (constants only)
-    "UPDATE broker_groupoffset o SET committed_offset = t.target FROM t "
-    "WHERE o.id = t.id AND t.target <> t.committed RETURNING o.id, o.committed_offset"
+    "UPDATE broker_groupoffset AS o SET committed_offset = t.target FROM t "
+    "WHERE o.id = t.id AND t.target <> t.committed RETURNING {returning}"
 )
 # A delivery's offsets whole (after an ack that left its recompute to it, or deleted runs).
 SAVE_RECOMPUTED = _COMMITTED_TARGETS + (  # noqa: S608 (constants only)
-    "UPDATE broker_groupoffset o SET committed_offset = t.target, delivered_offset = "
+    "UPDATE broker_groupoffset AS o SET committed_offset = t.target, delivered_offset = "
     "t.delivered, filtered_count = t.filtered, updated_at = %s FROM t WHERE o.id = t.id "
-    "RETURNING o.id, o.committed_offset"
+    "RETURNING {returning}"
 )
+_DIALECTS = {
+    # VALUES rows carry their types on PostgreSQL, and RETURNING names the updated table's
+    # columns (t has an id too); SQLite only allows the updated table's columns there.
+    "postgresql": {
+        "row": "(%s::bigint, %s::bigint, %s::bigint, %s::text, %s::bigint, %s::bigint, %s::bigint)",
+        "greatest": "GREATEST",
+        "returning": "o.id, o.committed_offset",
+    },
+    "sqlite": {
+        "row": "(%s, %s, %s, %s, %s, %s, %s)",
+        "greatest": "MAX",
+        "returning": "id, committed_offset",
+    },
+}
+
+
+@functools.cache
+def _committed_sql(template: str, vendor: str, row_count: int) -> str:
+    dialect = _DIALECTS[vendor]
+    rows = ", ".join([dialect["row"]] * row_count)
+    return template.format(rows=rows, greatest=dialect["greatest"], returning=dialect["returning"])
 
 
 def _write_committed(sql: str, rows: dict[OffsetKey, models.GroupOffset], *more: Any) -> None:
@@ -251,15 +264,15 @@ def _write_committed(sql: str, rows: dict[OffsetKey, models.GroupOffset], *more:
         row = rows[key]
         values += [row.id, *key, row.delivered_offset, row.committed_offset, row.filtered_count]
     by_id = {row.id: row for row in rows.values()}
-    with connection.cursor() as cursor:
-        cursor.execute(sql.format(rows=", ".join([_TARGET_ROW] * len(keys_))), [*values, *more])
-        for oid, committed in cursor.fetchall():
-            by_id[oid].committed_offset = committed
+    for oid, committed in bulk.run(
+        _committed_sql(sql, connection.vendor, len(keys_)), [*values, *more]
+    ):
+        by_id[oid].committed_offset = committed
 
 
 def save_recomputed(rows: dict[OffsetKey, models.GroupOffset]) -> None:
-    """PostgreSQL: store the rows' delivered offsets and filtered counts, and set their
-    committed offsets as recompute_committed does, in one statement.
+    """Store the rows' delivered offsets and filtered counts, and set their committed offsets
+    as recompute_committed does, in one statement.
 
     Caller holds the rows' locks (locked_offsets).
     """
@@ -268,30 +281,14 @@ def save_recomputed(rows: dict[OffsetKey, models.GroupOffset]) -> None:
     now = timezone.now()
     for row in rows.values():
         row.updated_at = now
-    _write_committed(SAVE_RECOMPUTED, rows, now)
+    _write_committed(SAVE_RECOMPUTED, rows, connection.ops.adapt_datetimefield_value(now))
 
 
 def recompute_committed(rows: dict[OffsetKey, models.GroupOffset]) -> None:
     """Set each row's committed offset to its lowest in-flight offset, or its delivered offset.
 
-    Caller holds the rows' locks (locked_offsets).
+    Without anything in flight, a position a plain (non-member) poll moved on stands. Caller
+    holds the rows' locks (locked_offsets).
     """
-    if not rows:
-        return
-    if connection.vendor == "postgresql":
+    if rows:
         _write_committed(RECOMPUTE_COMMITTED, rows)
-        return
-    keys_ = sorted(rows)
-    where = " OR ".join(["(group_id = %s AND partition_id = %s AND subscriber = %s)"] * len(keys_))
-    with connection.cursor() as cursor:
-        cursor.execute(LOWEST_IN_FLIGHT.format(where), [v for key in keys_ for v in key])
-        lowest = {(g, p, s): low for g, p, s, low in cursor.fetchall()}
-    changed = []
-    for key, row in rows.items():
-        low = lowest.get(key)
-        # Without anything in flight, a position a plain (non-member) poll moved on stands.
-        target = low if low is not None else max(row.delivered_offset, row.committed_offset)
-        if target != row.committed_offset:
-            row.committed_offset = target
-            changed.append(row)
-    bulk.update_rows(changed, ["committed_offset"])

@@ -1,4 +1,9 @@
-"""bulk.select_models and bulk.update_rows behave as the ORM's own reads and saves."""
+"""bulk.run, bulk.select_models and bulk.update_rows behave as Django's cursor and the ORM's
+own reads and saves."""
+
+import pytest
+from django.db import IntegrityError, connection, transaction
+from django.test.utils import CaptureQueriesContext
 
 from broker import models
 from broker.core import bulk, groups
@@ -31,3 +36,30 @@ def test_update_rows__saves_the_fields_and_auto_now(console, topic_factory):
     assert [stored[r.id].committed_offset for r in rows] == [5, 7]
     assert stored[rows[0].id].delivered_offset == 0
     assert all(stored[r.id].updated_at > b for r, b in zip(rows, before, strict=True))
+
+
+def test_run__rows_placeholders_errors_and_the_query_log(db, console, topic_factory):
+    """Straight through the driver, as a Django cursor would run it: "%s" placeholders and
+    "%%" on both databases, Django's exceptions, and the statement in connection.queries."""
+    topic = topic_factory(partitions=2)
+    with CaptureQueriesContext(connection) as seen:
+        rows = bulk.run(
+            "SELECT number FROM broker_partition WHERE topic_id = %s AND 'a%%' = %s "
+            "ORDER BY number",
+            [topic.id, "a%"],
+        )
+    assert rows == [(0,), (1,)]
+    assert len(seen.captured_queries) == 1
+    with transaction.atomic():
+        assert bulk.run("UPDATE broker_partition SET bytes_stored = 1 WHERE id < 0") == []
+    partition = models.Partition.objects.filter(topic_id=topic.id).first()
+    assert partition is not None
+    # A duplicate (topic, number): the unique constraint, raised as Django's IntegrityError,
+    # and the transaction around it can still roll back.
+    with pytest.raises(IntegrityError), transaction.atomic():
+        bulk.run(
+            "INSERT INTO broker_partition (topic_id, number, next_offset, start_offset, "
+            "bytes_stored) VALUES (%s, %s, 0, 0, 0)",
+            [topic.id, partition.number],
+        )
+    assert models.Partition.objects.filter(topic_id=topic.id).count() == 2

@@ -9,7 +9,6 @@ import threading
 from typing import Any
 
 import orjson
-from django.db import connection
 from django.db.models import F
 
 from broker import models
@@ -131,8 +130,8 @@ def deliver_in_transaction(
     """deliver_messages inside the caller's bookkeeping transaction, after touch_member.
 
     locked: offset rows the caller locked in this transaction already (and keeps up to date),
-    read again only when they do not cover the member's partitions. recompute (PostgreSQL):
-    offset rows whose committed offsets an ack in this transaction left to recompute
+    read again only when they do not cover the member's partitions. recompute: offset rows
+    whose committed offsets an ack in this transaction left to recompute
     (settle.ack_in_transaction's defer_committed), all among the member's. retries_due:
     whether a retry was due when the caller locked those rows (lock_member_offsets).
     """
@@ -181,18 +180,14 @@ ANY_DUE = (
 
 def _any_due(batch: "_Batch", partition_ids: list[int]) -> bool:
     sql = ANY_DUE.format(", ".join(["%s"] * len(partition_ids)))
-    with connection.cursor() as cursor:
-        cursor.execute(
-            sql,
-            (
-                batch.group.id,
-                batch.subscriber,
-                models.InFlight.State.RETRY_WAIT.value,
-                batch.now,
-                *partition_ids,
-            ),
-        )
-        return cursor.fetchone() is not None
+    params = (
+        batch.group.id,
+        batch.subscriber,
+        models.InFlight.State.RETRY_WAIT.value,
+        batch.now,
+        *partition_ids,
+    )
+    return bool(bulk.run(sql, params))
 
 
 class _Batch:
@@ -408,14 +403,8 @@ class _Batch:
         unchanged (committed < delivered tells it had some), and one that had none now starts
         at its first new run, or at its delivered offset.
         """
-        if (self.deleted or self.recompute) and connection.vendor == "postgresql":
+        if self.deleted or self.recompute:
             inflight.save_recomputed(offsets)
-            return
-        if self.deleted:
-            bulk.update_rows(
-                list(offsets.values()), ["delivered_offset", "filtered_count", "updated_at"]
-            )
-            inflight.recompute_committed(offsets)
             return
         moved = []
         for row in offsets.values():

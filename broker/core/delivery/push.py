@@ -32,9 +32,10 @@ def ack_and_deliver(
     meets the same error, handles it. An error of the ack itself is raised as ack_messages
     raises it, and then nothing is delivered.
 
-    One transaction: the ack reuses the group the member check read and hands the offset rows
-    it locked to the delivery. On PostgreSQL the member's offset rows are locked first, all at
-    once in id order, after the group (docs/architecture.md#locks): an ack alone locks the rows
+    One transaction: the ack reuses the group the member check read and the member's offset
+    rows, read first (with whether a retry is due), and the delivery writes the committed
+    offsets the ack moved. On PostgreSQL those rows are locked so, all at once in id order,
+    after the group (docs/architecture.md#locks): an ack alone locks the rows
     of its receipts' partitions, a delivery the group and then its own, and one transaction
     that locked the ack's rows and then the delivery's could deadlock with another ack. An ack
     that names runs outside the member's partitions (receipts of an earlier assignment) is
@@ -50,11 +51,12 @@ def ack_and_deliver(
             found = _member_or_none(principal, group_name, member_id, topic_name)
             locked: dict[inflight.OffsetKey, models.GroupOffset] = {}
             postgresql = connection.vendor == "postgresql"
-            # PostgreSQL: the committed offsets the ack moves are written by the delivery's
-            # own update of the same rows (a statement fewer).
+            # The committed offsets the ack moves are written by the delivery's own update of
+            # the same rows (a statement fewer), and whether a retry is due is asked with the
+            # rows (one more).
             deferred: set[inflight.OffsetKey] | None = None
             due: bool | None = None
-            if found is not None and postgresql:
+            if found is not None:
                 locked, due = deliver.lock_member_offsets(found[1], found[2])
                 deferred = set()
             acked = settle.ack_in_transaction(

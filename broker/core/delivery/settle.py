@@ -83,24 +83,22 @@ def _named(group_id: int, receipts: list[str]) -> dict[_Named, list[tuple[str, i
             token, partition_id, offset = where
             by_partition.setdefault(partition_id, []).append((text, token, offset))
     found: dict[_Named, list[tuple[str, int]]] = {}
-    with connection.cursor() as cursor:
-        for partition_id, named in sorted(by_partition.items()):
-            low, high = min(n[2] for n in named), max(n[2] for n in named)
-            cursor.execute(SELECT_NAMED, (group_id, partition_id, high, low))
-            # Runs of one token do not overlap; broadcast members' runs may share offsets.
-            by_token: dict[str, list[_Named]] = {}
-            for row in cursor.fetchall():
-                run = _Named._make((*row[:13], bool(row[13])))
-                by_token.setdefault(run.token, []).append(run)
-            starts = {}
-            for token, runs in by_token.items():
-                runs.sort(key=lambda r: r.offset)
-                starts[token] = [r.offset for r in runs]
-            for text, token, offset in named:
-                runs = by_token.get(token, [])
-                i = bisect.bisect_right(starts.get(token, []), offset) - 1
-                if i >= 0 and runs[i].last_offset >= offset:
-                    found.setdefault(runs[i], []).append((text, offset))
+    for partition_id, named in sorted(by_partition.items()):
+        low, high = min(n[2] for n in named), max(n[2] for n in named)
+        # Runs of one token do not overlap; broadcast members' runs may share offsets.
+        by_token: dict[str, list[_Named]] = {}
+        for row in bulk.run(SELECT_NAMED, (group_id, partition_id, high, low)):
+            run = _Named._make((*row[:13], bool(row[13])))
+            by_token.setdefault(run.token, []).append(run)
+        starts = {}
+        for token, runs in by_token.items():
+            runs.sort(key=lambda r: r.offset)
+            starts[token] = [r.offset for r in runs]
+        for text, token, offset in named:
+            runs = by_token.get(token, [])
+            i = bisect.bisect_right(starts.get(token, []), offset) - 1
+            if i >= 0 and runs[i].last_offset >= offset:
+                found.setdefault(runs[i], []).append((text, offset))
     return found
 
 
@@ -110,8 +108,7 @@ def _receipt_partitions(receipts: list[str]) -> set[int]:
 
 def _delete_in_flight(ids: list[int]) -> None:
     if ids:
-        with connection.cursor() as cursor:
-            cursor.execute(DELETE_IN_FLIGHT[connection.vendor], (_array(ids),))
+        bulk.run(DELETE_IN_FLIGHT[connection.vendor], (_array(ids),))
 
 
 class LocksOutOfOrder(Exception):

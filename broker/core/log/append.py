@@ -261,9 +261,7 @@ def _locked_partitions(topic_id: int, numbers: list[int]) -> dict[int, models.Pa
     if connection.vendor == "postgresql":
         # Partition row locks, in number order: serialize offset assignment per partition.
         sql += " FOR NO KEY UPDATE"
-    with connection.cursor() as cursor:
-        cursor.execute(sql, [topic_id, *numbers])
-        rows = cursor.fetchall()
+    rows = bulk.run(sql, [topic_id, *numbers])
     return {
         number: models.Partition(
             id=pid,

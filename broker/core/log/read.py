@@ -6,7 +6,7 @@ from django.db import connection
 
 from broker import models
 from broker import settings as ferry_settings
-from broker.core import dbthreads, errors, events, keys, topics
+from broker.core import bulk, dbthreads, errors, events, keys, topics
 from broker.core.records import FetchResult, OffsetLookup, Principal, StoredMessage
 
 # Raw SELECTs for the fetch hot path: the ORM would compile the query on every fetch, parse
@@ -45,9 +45,7 @@ def _partition(principal: Principal, topic_name: str, number: int) -> _Partition
 def read_partition(partition_id: int, number: int, offset: int, limit: int) -> list[StoredMessage]:
     """Stored messages of one partition from offset on, at most limit (no permission check)."""
     # Offsets are contiguous, so the range alone bounds the rows to limit.
-    with connection.cursor() as cursor:
-        cursor.execute(SELECT_MESSAGES, (partition_id, offset, offset + limit))
-        rows = cursor.fetchall()
+    rows = bulk.run(SELECT_MESSAGES, (partition_id, offset, offset + limit))
     return [
         StoredMessage(number, o, ts, key, tag, headers, bytes(value), bool(is_json), client_id)
         for o, ts, key, tag, headers, value, is_json, client_id in rows

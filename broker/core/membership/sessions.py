@@ -373,12 +373,11 @@ def held_partitions(
     held = _held.get(key) if cached else None
     if held is not None:
         return held
-    with connection.cursor() as cursor:
-        if group.mode == models.ConsumerGroup.Mode.BROADCAST:
-            cursor.execute(SELECT_PARTITIONS, [member.topic_id])
-        else:
-            cursor.execute(SELECT_LEASES, [group.id, member.member_id])
-        held = frozenset(pid for (pid,) in cursor.fetchall())
+    if group.mode == models.ConsumerGroup.Mode.BROADCAST:
+        rows = bulk.run(SELECT_PARTITIONS, [member.topic_id])
+    else:
+        rows = bulk.run(SELECT_LEASES, [group.id, member.member_id])
+    held = frozenset(pid for (pid,) in rows)
     if cached:
         if len(_held) >= HELD_CACHE_MAX:
             _held.clear()
