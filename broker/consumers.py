@@ -13,7 +13,7 @@ import functools
 import logging
 import sys
 import weakref
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs
@@ -43,9 +43,11 @@ from broker.core import (
 )
 from broker.core.records import (
     Delivery,
+    DeliveryResult,
     MemberInfo,
     NewMessage,
     Principal,
+    SettleResult,
     TransactionInfo,
 )
 
@@ -121,6 +123,17 @@ class Subscription:
     last_beat: float = 0.0
     # What the subscriber calls itself; a rejoin after an expiry keeps it.
     client: str = ""
+    # An ack frame waiting to be settled with the next push (FERRY_WS_ACK_HOLD_MS), and the
+    # timer that settles it alone if no push comes first. Whoever takes it settles it.
+    held_ack: frames.AckFrame | None = None
+    held_timer: asyncio.TimerHandle | None = None
+
+    def take_held_ack(self) -> frames.AckFrame | None:
+        held, self.held_ack = self.held_ack, None
+        if self.held_timer is not None:
+            self.held_timer.cancel()
+            self.held_timer = None
+        return held
 
 
 async def wait_for_event(event: asyncio.Event, timeout_s: float) -> None:
@@ -228,6 +241,8 @@ class BrokerConsumer(AsyncWebsocketConsumer):
     subs: dict[str, Subscription]
     closed: asyncio.Event
     publishing: "set[asyncio.Task[None]]"
+    # Held acks settled alone when their time is up (Subscription.held_ack).
+    background: "set[asyncio.Task[None]]"
 
     async def close_for_shutdown(self) -> None:
         """Say goodbye, hand unsettled messages back to their groups, close with 1001."""
@@ -290,6 +305,7 @@ class BrokerConsumer(AsyncWebsocketConsumer):
         self.subs = {}
         self.closed = asyncio.Event()
         self.publishing = set()
+        self.background = set()
         events.listen_here()
         _live.add(self)
         await self.accept()
@@ -359,6 +375,9 @@ class BrokerConsumer(AsyncWebsocketConsumer):
             if s.task is not None:
                 s.task.cancel()
         for s in subs.values():
+            # Acked is acked, also when the socket closed before the ack's push: else the
+            # leave would hand its messages to the rest of the group again.
+            await self._settle_held(s, reply=False)
             await self._stop(s)
 
     async def _stop(self, s: Subscription) -> None:
@@ -516,6 +535,7 @@ class BrokerConsumer(AsyncWebsocketConsumer):
 
     async def on_unsubscribe(self, frame: frames.UnsubscribeFrame) -> None:
         s = self._sub(frame.sub)
+        await self._settle_held(s)
         del self.subs[s.sub]
         await self._stop(s)
         await self._send_frame({"type": "unsubscribed", "ref": frame.ref, "sub": s.sub})
@@ -524,6 +544,8 @@ class BrokerConsumer(AsyncWebsocketConsumer):
         self, frame: Any, name: str, call: Callable[..., Any], *args: Any, **kwargs: Any
     ) -> None:
         s = self._sub(frame.sub)
+        # Settlements are applied in the order they came: a held ack first.
+        await self._settle_held(s)
         result = await dbthreads.run(
             functools.partial(call, self._principal(), s.group, frame.receipts, *args, **kwargs)
         )
@@ -531,16 +553,7 @@ class BrokerConsumer(AsyncWebsocketConsumer):
             # Settled messages open the window again (back-pressure).
             s.credit += result.settled
             s.wake.set()
-        await self._send_frame(
-            {
-                "type": name,
-                "ref": frame.ref,
-                "sub": s.sub,
-                "settled": result.settled,
-                "stale": list(result.stale),
-                "dead_lettered": result.dead_lettered,
-            }
-        )
+        await self._send_frame(_settled(name, frame.ref, s.sub, result))
 
     async def on_ack(self, frame: frames.AckFrame) -> None:
         """Ack, then push the credit the ack freed at once, from the same database call.
@@ -558,8 +571,13 @@ class BrokerConsumer(AsyncWebsocketConsumer):
         s = self._sub(frame.sub)
         free = s.credit + len(frame.receipts)
         if s.credit > 0 or s.pushing > 0 or s.window - free > free:
+            hold_ms = ferry_settings.get("WS_ACK_HOLD_MS")
+            if hold_ms > 0 and (s.credit > 0 or s.pushing > 0):
+                await self._hold_ack(s, frame, hold_ms)
+                return
             await self._settle(frame, "acked", delivery.ack_messages)
             return
+        await self._settle_held(s)
         batch = ferry_settings.get("WS_PUSH_BATCH")
         reserved = min(s.credit, batch)
         s.credit -= reserved
@@ -581,16 +599,7 @@ class BrokerConsumer(AsyncWebsocketConsumer):
         acked, delivered = result.acked, result.delivered
         pushed = delivered.deliveries if delivered is not None else ()
         s.credit += reserved + acked.settled - len(pushed)
-        await self._send_frame(
-            {
-                "type": "acked",
-                "ref": frame.ref,
-                "sub": s.sub,
-                "settled": acked.settled,
-                "stale": list(acked.stale),
-                "dead_lettered": acked.dead_lettered,
-            }
-        )
+        await self._send_frame(_settled("acked", frame.ref, s.sub, acked))
         if delivered is None:
             if s.credit > 0:
                 s.wake.set()  # the push task delivers, or meets what stopped this delivery
@@ -604,6 +613,50 @@ class BrokerConsumer(AsyncWebsocketConsumer):
         more = len(pushed) >= batch or delivered.filtered or delivered.expired
         if delivered.generation != s.generation or (s.credit > 0 and more):
             s.wake.set()
+
+    async def _hold_ack(self, s: Subscription, frame: frames.AckFrame, hold_ms: int) -> None:
+        """Keep an ack for the subscription's next push, which settles it in the same database
+        call; settled alone after hold_ms if no push comes first.
+
+        Only for a subscriber whose push task does not wait on this ack's credit (credit left,
+        or a push under way). A subscriber that acks each message as messages keep coming then
+        costs one database call per message, not two (docs/benchmarks.md). One ack at a time:
+        an earlier one still held is settled first, so each frame gets its own answer.
+        """
+        await self._settle_held(s)
+        s.held_ack = frame
+        s.held_timer = asyncio.get_running_loop().call_later(hold_ms / 1000, self._held_ack_due, s)
+
+    def _held_ack_due(self, s: Subscription) -> None:
+        s.held_timer = None
+        if s.held_ack is not None:
+            self._background(self._settle_held(s))
+
+    def _background(self, coroutine: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coroutine)
+        self.background.add(task)
+        task.add_done_callback(self.background.discard)
+
+    async def _settle_held(self, s: Subscription, reply: bool = True) -> None:
+        """Settle the held ack of s alone, if it has one, and answer it (never raises: an
+        error is answered as the ack's own would have been)."""
+        held = s.take_held_ack()
+        if held is None:
+            return
+        try:
+            result = await dbthreads.run(
+                delivery.ack_messages, self._principal(), s.group, held.receipts
+            )
+        except Exception as exc:
+            if reply:
+                failure = exc if isinstance(exc, errors.BrokerError) else _failure(exc, "ack")
+                with contextlib.suppress(Exception):
+                    await self._send_raw(_error(failure, held.ref, s.sub))
+            return
+        s.credit += result.settled
+        s.wake.set()
+        if reply:
+            await self._send_frame(_settled("acked", held.ref, s.sub, result))
 
     async def on_nack(self, frame: frames.NackFrame) -> None:
         await self._settle(
@@ -769,31 +822,40 @@ class BrokerConsumer(AsyncWebsocketConsumer):
                 reserved = min(s.credit, batch)
                 s.credit -= reserved
                 s.pushing = reserved
-                try:
-                    result = await dbthreads.run(
-                        delivery.deliver_messages,
-                        principal,
-                        s.group,
-                        s.topic,
-                        s.member_id,
-                        reserved,
-                    )
-                except errors.MemberNotFound:
-                    s.credit, s.pushing = s.credit + reserved, 0
-                    await self._rejoin(s)
-                    continue
-                except BaseException:
-                    s.credit, s.pushing = s.credit + reserved, 0
-                    raise
-                s.credit, s.pushing = s.credit + reserved - len(result.deliveries), 0
+                held = s.take_held_ack()
+                if held is not None:
+                    found = await self._ack_and_push(s, held, reserved, batch)
+                    if found is None:
+                        continue  # the delivery met an error: the next round meets it alone
+                    result = found
+                else:
+                    try:
+                        result = await dbthreads.run(
+                            delivery.deliver_messages,
+                            principal,
+                            s.group,
+                            s.topic,
+                            s.member_id,
+                            reserved,
+                        )
+                    except errors.MemberNotFound:
+                        s.credit, s.pushing = s.credit + reserved, 0
+                        await self._rejoin(s)
+                        continue
+                    except BaseException:
+                        s.credit, s.pushing = s.credit + reserved, 0
+                        raise
+                    s.credit, s.pushing = s.credit + reserved - len(result.deliveries), 0
                 s.last_beat = loop.time()
                 if result.generation != s.generation:
                     await self._heartbeat(s)
                 if result.deliveries:
                     await self._push(s, result.deliveries)
+                if len(result.deliveries) >= reserved or result.filtered or result.expired:
+                    # The credit ran out before the messages did, or the filter skipped a long
+                    # run: keep going. Else everything there was is out: what is appended from
+                    # now on sets the wake-up (cleared before this round's read).
                     continue
-                if result.filtered or result.expired:
-                    continue  # the filter skipped a long run: keep scanning
             elif loop.time() - s.last_beat >= interval:
                 await self._heartbeat(s)
             # Wait for a wake-up (messages appended or returned, an ack, a credit frame), or
@@ -802,6 +864,38 @@ class BrokerConsumer(AsyncWebsocketConsumer):
             if not events.layer_up():
                 wait_s = min(wait_s, events.wakeup_poll_s())
             await wait_for_event(s.wake, wait_s)
+
+    async def _ack_and_push(
+        self, s: Subscription, held: frames.AckFrame, reserved: int, batch: int
+    ) -> DeliveryResult | None:
+        """The push task's delivery with a held ack settled in the same call; answers the ack.
+
+        reserved: the credit the push task took. None when the delivery did not happen (the
+        ack did): the push task's next round, a delivery alone, meets what stopped it.
+        """
+        try:
+            both = await dbthreads.run(
+                delivery.ack_and_deliver,
+                self._principal(),
+                s.group,
+                held.receipts,
+                s.topic,
+                s.member_id,
+                reserved,
+                batch,
+            )
+        except BaseException as exc:
+            s.credit, s.pushing = s.credit + reserved, 0
+            if isinstance(exc, Exception):
+                # Answered as the ack's own error; the push task fails as its delivery would.
+                failure = exc if isinstance(exc, errors.BrokerError) else _failure(exc, "ack")
+                with contextlib.suppress(Exception):
+                    await self._send_raw(_error(failure, held.ref, s.sub))
+            raise
+        pushed = both.delivered.deliveries if both.delivered is not None else ()
+        s.credit, s.pushing = s.credit + reserved + both.acked.settled - len(pushed), 0
+        await self._send_frame(_settled("acked", held.ref, s.sub, both.acked))
+        return both.delivered
 
     async def _push(self, s: Subscription, deliveries: Sequence[Delivery]) -> None:
         """Send deliveries in `messages` frames of at most FERRY_WS_MAX_FRAME_BYTES each."""
@@ -870,6 +964,18 @@ class BrokerConsumer(AsyncWebsocketConsumer):
                 "partitions": list(s.partitions),
             }
         )
+
+
+def _settled(name: str, ref: frames.Ref, sub: str, result: SettleResult) -> dict[str, Any]:
+    """The answer to a settlement frame (acked, nacked, rejected, extended)."""
+    return {
+        "type": name,
+        "ref": ref,
+        "sub": sub,
+        "settled": result.settled,
+        "stale": list(result.stale),
+        "dead_lettered": result.dead_lettered,
+    }
 
 
 def _first_messages(frame: frames.BeginFrame) -> list[NewMessage]:

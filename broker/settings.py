@@ -54,6 +54,9 @@ class Defaults:
     MAX_PARSING_BYTES: int = 256 * 1024 * 1024
     # WebSocket push: messages per `messages` frame at most.
     WS_PUSH_BATCH: int = 2000
+    # An ack of a subscriber with credit left waits up to this long for the subscription's
+    # next push, and is settled with it in one database call (0: each ack settles at once).
+    WS_ACK_HOLD_MS: int = 2
     # Message trace events are kept this long, and purged this often.
     TRACE_RETENTION_SECONDS: int = 7 * 24 * 3600
     TRACE_PURGE_INTERVAL_SECONDS: float = 300.0

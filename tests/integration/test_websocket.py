@@ -115,3 +115,36 @@ def test_reconnect__offline_subscriber_catches_up(broker_url, key_factory, topic
     while models.GroupMember.objects.exists():
         assert time.monotonic() < deadline, "the subscription did not leave its group"
         time.sleep(0.05)
+
+
+@pytest.mark.parametrize("how", ["close", "shutdown"])
+def test_held_ack__settled_when_the_socket_closes_or_the_server_stops(
+    how, key_factory, topic_factory
+):
+    """An ack still held for the next push (FERRY_WS_ACK_HOLD_MS) when the client closes the
+    socket, or the server is told to stop, is settled: not handed back to the group."""
+    topic = topic_factory().name
+    _, secret = key_factory("admin:*")
+    server, url = start_daphne(FERRY_WS_ACK_HOLD_MS="60000")
+    try:
+        with open_ws(url, secret) as ws:
+            subscribe(ws, topic, prefetch=8)
+            send(ws, {"type": "publish", "topic": topic, "messages": [{"value": 1}]})
+            item = recv_type(ws, "messages")["items"][0]
+            send(ws, {"type": "ack", "ref": 1, "sub": "s", "receipts": [item["receipt"]]})
+            # Held: nothing answers it for a minute.
+            with pytest.raises(TimeoutError):
+                recv_type(ws, "acked", timeout=0.3)
+            if how == "shutdown":
+                server.terminate()
+                recv_type(ws, "closing")
+                server.wait(timeout=15)
+        deadline = time.monotonic() + 10
+        while models.GroupMember.objects.exists():
+            assert time.monotonic() < deadline, "the subscription did not leave its group"
+            time.sleep(0.05)
+    finally:
+        stop(server)
+    assert not models.InFlight.objects.exists()
+    offset = models.GroupOffset.objects.get(group__name="g")
+    assert offset.committed_offset == 1
