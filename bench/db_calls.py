@@ -1,0 +1,153 @@
+"""The database calls of the per-message path, alone: CPU per call, in this process.
+
+Not part of the test suite (STYLE.md §6). Without a server, a socket or a second thread, the
+figures are steady to a few percent from run to run, where bench/per_message.py's swing by a
+tenth: this is how a change to the core's statements is measured (docs/benchmarks.md). On the
+embedded default, or on PostgreSQL under scripts/with-postgres.
+
+1. ack and push: `delivery.ack_and_deliver` of one message that delivers the next, as the
+   prefetch-2 WebSocket loop calls it (messages produced beforehand);
+2. deliver, then ack: `deliver_messages` of one message, then `ack_messages` of it;
+3. end to end, acked alone: a one-message group commit (`groupcommit.append_batches`, with its
+   flush), the delivery of that message, its ack: what an end-to-end subscriber costs with
+   FERRY_WS_ACK_HOLD_MS=0;
+4. end to end, ack held: the group commit, then one `ack_and_deliver` that settles the last
+   message and delivers the new one: what it costs with the ack held for the next push.
+
+    .venv/bin/python bench/db_calls.py [--calls 3000]
+"""
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+
+from produce_fetch import progress, setup_django  # noqa: E402
+
+
+def cpu_us(timings: dict[str, float], name: str, fn: Callable[..., Any], *args: Any) -> Any:
+    started = time.process_time()
+    result = fn(*args)
+    timings[name] = timings.get(name, 0.0) + time.process_time() - started
+    return result
+
+
+def run(calls: int) -> list[tuple[str, dict[str, float]]]:
+    from broker.core import delivery, groupcommit, keys, membership, topics
+    from broker.core.log import append_messages
+    from broker.core.records import NewMessage
+
+    console = keys.CONSOLE
+    stamp = f"{os.getpid()}-{time.time_ns()}"
+    results = []
+
+    progress(f"ack and push: {calls} calls")
+    topic = f"bench-calls-loop-{stamp}"
+    topics.create_topic(console, topic, 1)
+    for _ in range(0, calls + 10, 1000):
+        append_messages(console, topic, [NewMessage(value=b'"x"') for _ in range(1000)])
+    membership.join_group(console, topic, topic, "m")
+    held = list(delivery.deliver_messages(console, topic, topic, "m", 2).deliveries)
+    timings: dict[str, float] = {}
+    for _ in range(calls):
+        both = cpu_us(
+            timings,
+            "ack_and_deliver",
+            delivery.ack_and_deliver,
+            console,
+            topic,
+            [held.pop(0).receipt],
+            topic,
+            "m",
+            0,
+            100,
+        )
+        held += both.delivered.deliveries
+    results.append(("ack and push (prefetch 2)", timings))
+
+    progress(f"deliver, then ack: {calls} each")
+    topic = f"bench-calls-pair-{stamp}"
+    topics.create_topic(console, topic, 1)
+    for _ in range(0, calls + 10, 1000):
+        append_messages(console, topic, [NewMessage(value=b'"x"') for _ in range(1000)])
+    membership.join_group(console, topic, topic, "m")
+    timings = {}
+    for _ in range(calls):
+        got = cpu_us(
+            timings, "deliver_messages", delivery.deliver_messages, console, topic, topic, "m", 1
+        ).deliveries
+        cpu_us(timings, "ack_messages", delivery.ack_messages, console, topic, [got[0].receipt])
+    results.append(("deliver, then ack", timings))
+
+    for held_ack in (False, True):
+        label = "end to end, ack held" if held_ack else "end to end, acked alone"
+        progress(f"{label}: {calls} messages")
+        topic = f"bench-calls-e2e-{int(held_ack)}-{stamp}"
+        topics.create_topic(console, topic, 1)
+        membership.join_group(console, topic, topic, "m")
+        one = [(console, topic, [NewMessage(value=b"1")])]
+        groupcommit.append_batches(one)
+        last = list(delivery.deliver_messages(console, topic, topic, "m", 64).deliveries)
+        timings = {}
+        for _ in range(calls):
+            cpu_us(timings, "group commit", groupcommit.append_batches, one)
+            receipts = [d.receipt for d in last]
+            if held_ack:
+                both = cpu_us(
+                    timings,
+                    "ack_and_deliver",
+                    delivery.ack_and_deliver,
+                    console,
+                    topic,
+                    receipts,
+                    topic,
+                    "m",
+                    63,
+                    100,
+                )
+                last = list(both.delivered.deliveries)
+            else:
+                last = list(
+                    cpu_us(
+                        timings,
+                        "deliver_messages",
+                        delivery.deliver_messages,
+                        console,
+                        topic,
+                        topic,
+                        "m",
+                        64,
+                    ).deliveries
+                )
+                receipts = [d.receipt for d in last]
+                cpu_us(timings, "ack_messages", delivery.ack_messages, console, topic, receipts)
+        results.append((label, timings))
+    return results
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=3000, help="calls per part (default 3000)")
+    args = parser.parse_args()
+    setup_django(Path(tempfile.mkdtemp(prefix="ferry-bench-")))
+    from django.db import connection
+
+    results = run(args.calls)
+    print(f"\n== Database calls of the per-message path ({connection.vendor}) ==")
+    print(f"command: .venv/bin/python bench/db_calls.py --calls {args.calls}")
+    for label, timings in results:
+        parts = ", ".join(f"{name} {t / args.calls * 1e6:.0f}" for name, t in timings.items())
+        total = sum(timings.values()) / args.calls * 1e6
+        print(f"{label:<28} {total:6.0f} µs CPU per message ({parts})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
