@@ -639,9 +639,12 @@ class BrokerConsumer(AsyncWebsocketConsumer):
 
     async def _settle_held(self, s: Subscription, reply: bool = True) -> None:
         """Settle the held ack of s alone, if it has one, and answer it (never raises: an
-        error is answered as the ack's own would have been)."""
+        error is answered as the ack's own would have been). Returns once no held ack of this
+        connection is being settled any more, also one its timer started."""
         held = s.take_held_ack()
         if held is None:
+            if self.background:
+                await asyncio.wait(list(self.background))
             return
         try:
             result = await dbthreads.run(
@@ -817,17 +820,19 @@ class BrokerConsumer(AsyncWebsocketConsumer):
         while not closed.is_set():
             interval = ferry_settings.get("HEARTBEAT_INTERVAL_MS") / 1000
             s.wake.clear()
-            if s.credit > 0:
+            if s.credit > 0 or s.held_ack is not None:
                 # Taken before the call, so that an ack's delivery meanwhile cannot use it too.
                 reserved = min(s.credit, batch)
                 s.credit -= reserved
                 s.pushing = reserved
+                # What this round may push: its credit, and what a held ack settles.
+                room = reserved
                 held = s.take_held_ack()
                 if held is not None:
                     found = await self._ack_and_push(s, held, reserved, batch)
                     if found is None:
-                        continue  # the delivery met an error: the next round meets it alone
-                    result = found
+                        continue  # no delivery (the ack's error was answered): a round alone
+                    result, room = found
                 else:
                     try:
                         result = await dbthreads.run(
@@ -851,7 +856,7 @@ class BrokerConsumer(AsyncWebsocketConsumer):
                     await self._heartbeat(s)
                 if result.deliveries:
                     await self._push(s, result.deliveries)
-                if len(result.deliveries) >= reserved or result.filtered or result.expired:
+                if len(result.deliveries) >= room or result.filtered or result.expired:
                     # The credit ran out before the messages did, or the filter skipped a long
                     # run: keep going. Else everything there was is out: what is appended from
                     # now on sets the wake-up (cleared before this round's read).
@@ -867,11 +872,13 @@ class BrokerConsumer(AsyncWebsocketConsumer):
 
     async def _ack_and_push(
         self, s: Subscription, held: frames.AckFrame, reserved: int, batch: int
-    ) -> DeliveryResult | None:
+    ) -> tuple[DeliveryResult, int] | None:
         """The push task's delivery with a held ack settled in the same call; answers the ack.
 
-        reserved: the credit the push task took. None when the delivery did not happen (the
-        ack did): the push task's next round, a delivery alone, meets what stopped it.
+        reserved: the credit the push task took. Returns the delivery and how many it could
+        have pushed, or None when there was none: the ack failed (its error is answered, as
+        its own frame's would have been, and the subscription goes on), or the ack was settled
+        but the delivery met an error, which the push task's next round, alone, meets again.
         """
         try:
             both = await dbthreads.run(
@@ -884,18 +891,24 @@ class BrokerConsumer(AsyncWebsocketConsumer):
                 reserved,
                 batch,
             )
+        except errors.BrokerError as exc:
+            s.credit, s.pushing = s.credit + reserved, 0
+            await self._send_raw(_error(exc, held.ref, s.sub))
+            return None
         except BaseException as exc:
             s.credit, s.pushing = s.credit + reserved, 0
             if isinstance(exc, Exception):
-                # Answered as the ack's own error; the push task fails as its delivery would.
-                failure = exc if isinstance(exc, errors.BrokerError) else _failure(exc, "ack")
+                # The database is away (or a bug): answered as the ack's own error, and the
+                # push task fails as its delivery alone would have.
                 with contextlib.suppress(Exception):
-                    await self._send_raw(_error(failure, held.ref, s.sub))
+                    await self._send_raw(_error(_failure(exc, "ack"), held.ref, s.sub))
             raise
         pushed = both.delivered.deliveries if both.delivered is not None else ()
         s.credit, s.pushing = s.credit + reserved + both.acked.settled - len(pushed), 0
         await self._send_frame(_settled("acked", held.ref, s.sub, both.acked))
-        return both.delivered
+        if both.delivered is None:
+            return None
+        return both.delivered, min(batch, reserved + both.acked.settled)
 
     async def _push(self, s: Subscription, deliveries: Sequence[Delivery]) -> None:
         """Send deliveries in `messages` frames of at most FERRY_WS_MAX_FRAME_BYTES each."""

@@ -169,3 +169,40 @@ async def test_held_ack__off_settles_each_ack_at_once(monkeypatch):
         await send(ws, {"type": "ack", "sub": "s", "receipts": [item["receipt"]]})
         assert (await recv(ws, timeout=2))["type"] == "acked"
         assert len(alone) == 1
+
+
+@override_settings(FERRY_WS_ACK_HOLD_MS=10_000)
+async def test_held_ack__its_error_is_answered_and_the_subscription_goes_on(monkeypatch):
+    """An ack the core refuses, taken along by the next push: the ack's error frame, then the
+    push, as if the ack had come alone (the subscription does not end)."""
+    from broker.core import errors
+
+    real = delivery.ack_and_deliver
+    refusals: list[object] = []
+
+    def refuse_once(*args, **kwargs):
+        if not refusals:
+            refusals.append(args)
+            raise errors.InvalidRequest("Refused for the test.")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(delivery, "ack_and_deliver", refuse_once)
+    secret = await make_key("admin:*")
+    await new_topic("h7")
+    await produce("h7", [0])
+    async with session(secret) as ws:
+        await subscribed(ws, "h7")
+        (first,) = (await recv_type(ws, "messages"))["items"]
+        await send(ws, {"type": "ack", "ref": 5, "sub": "s", "receipts": [first["receipt"]]})
+        await produce("h7", [1])
+        error = await recv(ws)
+        assert (error["type"], error["ref"], error["sub"]) == ("error", 5, "s")
+        assert error["error"]["code"] == "invalid_request"
+        (item,) = (await recv_type(ws, "messages"))["items"]
+        assert item["value"] == 1
+        # Still subscribed, the ack still to be sent again: a held ack goes with the next push.
+        await send(ws, {"type": "ack", "ref": 6, "sub": "s", "receipts": [first["receipt"]]})
+        await produce("h7", [2])
+        acked = await recv(ws)
+        assert (acked["type"], acked["ref"], acked["settled"]) == ("acked", 6, 1)
+        assert [m["value"] for m in (await recv_type(ws, "messages"))["items"]] == [2]
