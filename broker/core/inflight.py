@@ -42,19 +42,22 @@ def receipt(token: str, partition_id: int, offset: int) -> str:
     return f"{token}.{partition_id:x}.{offset:x}"
 
 
-_HEX = re.compile(r"[0-9a-f]{1,16}")
+# One match for the whole receipt: a settlement parses each of its receipts two or three times
+# (validation, the partitions to lock, the runs they name).
+_RECEIPT = re.compile(r"([0-9a-f]{1,16})\.([0-9a-f]{1,16})\.([0-9a-f]{1,16})")
 
 
 def _parse_receipt(text: str) -> tuple[str, int, int] | None:
     """(token, partition id, offset) of a receipt, or None for a string that is not one."""
-    parts = text.split(".")
-    if len(parts) != 3 or not all(_HEX.fullmatch(part) for part in parts):
+    found = _RECEIPT.fullmatch(text)
+    if found is None:
         return None
-    partition_id, offset = int(parts[1], 16), int(parts[2], 16)
+    token, partition, where = found.groups()
+    partition_id, offset = int(partition, 16), int(where, 16)
     # Numbers past 63 bits cannot name a row (and would overflow the query).
     if partition_id >= 2**63 or offset >= 2**63:
         return None
-    return parts[0], partition_id, offset
+    return token, partition_id, offset
 
 
 def _row(r: models.InFlight, first: int, last: int) -> tuple[object, ...]:
