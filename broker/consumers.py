@@ -13,7 +13,7 @@ import functools
 import logging
 import sys
 import weakref
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs
@@ -628,24 +628,27 @@ class BrokerConsumer(AsyncWebsocketConsumer):
         s.held_timer = asyncio.get_running_loop().call_later(hold_ms / 1000, self._held_ack_due, s)
 
     def _held_ack_due(self, s: Subscription) -> None:
+        """The hold is up and no push took the ack: settle it alone."""
         s.held_timer = None
-        if s.held_ack is not None:
-            self._background(self._settle_held(s))
-
-    def _background(self, coroutine: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.get_running_loop().create_task(coroutine)
-        self.background.add(task)
-        task.add_done_callback(self.background.discard)
+        held = s.take_held_ack()
+        if held is not None:
+            task = asyncio.get_running_loop().create_task(self._settle_ack(s, held, reply=True))
+            self.background.add(task)
+            task.add_done_callback(self.background.discard)
 
     async def _settle_held(self, s: Subscription, reply: bool = True) -> None:
-        """Settle the held ack of s alone, if it has one, and answer it (never raises: an
-        error is answered as the ack's own would have been). Returns once no held ack of this
-        connection is being settled any more, also one its timer started."""
+        """Settle the held ack of s alone, if it has one, and answer it; return once no held
+        ack of this connection is being settled any more (also one its timer started), so
+        that what comes next is applied after it."""
         held = s.take_held_ack()
-        if held is None:
-            if self.background:
-                await asyncio.wait(list(self.background))
-            return
+        if held is not None:
+            await self._settle_ack(s, held, reply)
+        elif self.background:
+            await asyncio.wait(list(self.background))
+
+    async def _settle_ack(self, s: Subscription, held: frames.AckFrame, reply: bool) -> None:
+        """Settle a held ack alone and answer it; never raises (an error is answered as the
+        ack's own would have been)."""
         try:
             result = await dbthreads.run(
                 delivery.ack_messages, self._principal(), s.group, held.receipts

@@ -148,3 +148,73 @@ def test_held_ack__settled_when_the_socket_closes_or_the_server_stops(
     assert not models.InFlight.objects.exists()
     offset = models.GroupOffset.objects.get(group__name="g")
     assert offset.committed_offset == 1
+
+
+def test_held_acks__a_subscriber_acking_each_message_of_a_fast_stream_gets_them_all(
+    broker_url, key_factory, topic_factory
+):
+    """Single-message publishes about a millisecond apart to a subscriber that acks each push
+    (as bench/per_message.py's end-to-end run): acks go with the next push or are settled by
+    their timer, often both at once. A timer's settlement that waited for itself once stalled
+    the connection after a few hundred messages; here every message comes and is settled."""
+    import asyncio
+
+    from websockets.asyncio.client import connect as connect_async
+
+    topic = topic_factory().name
+    _, secret = key_factory("admin:*")
+    total = 1000
+    headers = {"Authorization": f"Bearer {secret}"}
+
+    async def run() -> tuple[list[int], int]:
+        url = ws_url(broker_url)
+        async with (
+            connect_async(url, additional_headers=headers) as sub,
+            connect_async(url, additional_headers=headers) as pub,
+        ):
+            await sub.send(
+                orjson.dumps(
+                    {"type": "subscribe", "sub": "s", "topic": topic, "group": "g", "prefetch": 64}
+                ).decode()
+            )
+            while orjson.loads(await sub.recv())["type"] != "subscribed":
+                pass
+            values: list[int] = []
+            acked = 0
+
+            async def listen() -> None:
+                nonlocal acked
+                while acked < total:
+                    frame = orjson.loads(await sub.recv())
+                    if frame["type"] == "messages":
+                        values.extend(m["value"] for m in frame["items"])
+                        receipts = [m["receipt"] for m in frame["items"]]
+                        await sub.send(
+                            orjson.dumps({"type": "ack", "sub": "s", "receipts": receipts}).decode()
+                        )
+                    elif frame["type"] == "acked":
+                        acked += frame["settled"]
+
+            async def drain() -> None:
+                for _ in range(total):
+                    await pub.recv()
+
+            tasks = asyncio.gather(listen(), drain())
+            for i in range(total):
+                await pub.send(
+                    orjson.dumps(
+                        {"type": "publish", "topic": topic, "messages": [{"value": i}]}
+                    ).decode()
+                )
+                await asyncio.sleep(0.001)
+            await asyncio.wait_for(tasks, 30)
+            return values, acked
+
+    values, acked = asyncio.run(run())
+    assert sorted(values) == list(range(total))
+    assert acked == total
+    deadline = time.monotonic() + 10
+    while models.GroupMember.objects.exists():
+        assert time.monotonic() < deadline, "the subscription did not leave its group"
+        time.sleep(0.05)
+    assert not models.InFlight.objects.exists()
