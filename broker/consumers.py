@@ -662,7 +662,9 @@ class BrokerConsumer(AsyncWebsocketConsumer):
         s.credit += result.settled
         s.wake.set()
         if reply:
-            await self._send_frame(_settled("acked", held.ref, s.sub, result))
+            # Settled whatever happens to the answer (the socket may be closing).
+            with contextlib.suppress(Exception):
+                await self._send_frame(_settled("acked", held.ref, s.sub, result))
 
     async def on_nack(self, frame: frames.NackFrame) -> None:
         await self._settle(
