@@ -48,12 +48,17 @@ def run(calls: int) -> list[tuple[str, dict[str, float]]]:
     stamp = f"{os.getpid()}-{time.time_ns()}"
     results = []
 
+    def joined_topic(name: str, messages: int) -> str:
+        """A 1-partition topic holding messages, and member "m" of a group of the same name."""
+        topic = f"bench-calls-{name}-{stamp}"
+        topics.create_topic(console, topic, 1)
+        for _ in range(0, messages, 1000):
+            append_messages(console, topic, [NewMessage(value=b'"x"') for _ in range(1000)])
+        membership.join_group(console, topic, topic, "m")
+        return topic
+
     progress(f"ack and push: {calls} calls")
-    topic = f"bench-calls-loop-{stamp}"
-    topics.create_topic(console, topic, 1)
-    for _ in range(0, calls + 10, 1000):
-        append_messages(console, topic, [NewMessage(value=b'"x"') for _ in range(1000)])
-    membership.join_group(console, topic, topic, "m")
+    topic = joined_topic("loop", calls + 10)
     held = list(delivery.deliver_messages(console, topic, topic, "m", 2).deliveries)
     timings: dict[str, float] = {}
     for _ in range(calls):
@@ -73,11 +78,7 @@ def run(calls: int) -> list[tuple[str, dict[str, float]]]:
     results.append(("ack and push (prefetch 2)", timings))
 
     progress(f"deliver, then ack: {calls} each")
-    topic = f"bench-calls-pair-{stamp}"
-    topics.create_topic(console, topic, 1)
-    for _ in range(0, calls + 10, 1000):
-        append_messages(console, topic, [NewMessage(value=b'"x"') for _ in range(1000)])
-    membership.join_group(console, topic, topic, "m")
+    topic = joined_topic("pair", calls + 10)
     timings = {}
     for _ in range(calls):
         got = cpu_us(
@@ -89,9 +90,7 @@ def run(calls: int) -> list[tuple[str, dict[str, float]]]:
     for held_ack in (False, True):
         label = "end to end, ack held" if held_ack else "end to end, acked alone"
         progress(f"{label}: {calls} messages")
-        topic = f"bench-calls-e2e-{int(held_ack)}-{stamp}"
-        topics.create_topic(console, topic, 1)
-        membership.join_group(console, topic, topic, "m")
+        topic = joined_topic(f"e2e-{int(held_ack)}", 0)
         one = [(console, topic, [NewMessage(value=b"1")])]
         groupcommit.append_batches(one)
         last = list(delivery.deliver_messages(console, topic, topic, "m", 64).deliveries)
