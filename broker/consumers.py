@@ -127,6 +127,8 @@ class Subscription:
     # timer that settles it alone if no push comes first. Whoever takes it settles it.
     held_ack: frames.AckFrame | None = None
     held_timer: asyncio.TimerHandle | None = None
+    # Set while the push task settles a held ack it took: what comes after waits for it.
+    acking: asyncio.Event | None = None
 
     def take_held_ack(self) -> frames.AckFrame | None:
         held, self.held_ack = self.held_ack, None
@@ -638,12 +640,15 @@ class BrokerConsumer(AsyncWebsocketConsumer):
 
     async def _settle_held(self, s: Subscription, reply: bool = True) -> None:
         """Settle the held ack of s alone, if it has one, and answer it; return once no held
-        ack of this connection is being settled any more (also one its timer started), so
+        ack of this connection is being settled any more (by a push of s, or by a timer), so
         that what comes next is applied after it."""
         held = s.take_held_ack()
         if held is not None:
             await self._settle_ack(s, held, reply)
-        elif self.background:
+            return
+        if s.acking is not None:
+            await s.acking.wait()
+        if self.background:
             await asyncio.wait(list(self.background))
 
     async def _settle_ack(self, s: Subscription, held: frames.AckFrame, reply: bool) -> None:
@@ -885,6 +890,16 @@ class BrokerConsumer(AsyncWebsocketConsumer):
         its own frame's would have been, and the subscription goes on), or the ack was settled
         but the delivery met an error, which the push task's next round, alone, meets again.
         """
+        s.acking = acking = asyncio.Event()
+        try:
+            return await self._ack_and_deliver(s, held, reserved, batch)
+        finally:
+            s.acking = None
+            acking.set()
+
+    async def _ack_and_deliver(
+        self, s: Subscription, held: frames.AckFrame, reserved: int, batch: int
+    ) -> tuple[DeliveryResult, int] | None:
         try:
             both = await dbthreads.run(
                 delivery.ack_and_deliver,

@@ -582,6 +582,9 @@ def test_ack_and_deliver__receipt_of_an_earlier_assignment(topic_factory, consol
     assert result.acked.settled == 1
     assert result.delivered is not None
     assert [d.message.partition for d in result.delivered.deliveries] == sorted(held)
+    # Its committed offset moved too, though the delivery writes only the member's rows.
+    assert elsewhere.message.offset == 0
+    assert committed("g", topic, partition=elsewhere.message.partition).committed_offset == 1
 
 
 def test_deliver_messages__lookup_errors(topic_factory, console):
@@ -599,3 +602,26 @@ def test_deliver_messages__lookup_errors(topic_factory, console):
     with pytest.raises(errors.InvalidRequest):
         deliver(console, topic, member="elsewhere")
     assert [d.message.offset for d in deliver(console, topic)] == [0]
+
+
+def test_ack_and_deliver__writes_only_the_offset_rows_it_moved(topic_factory, console):
+    """A member of several partitions: an ack and its push write the one partition's row, not
+    one per partition (the statement that recomputes committed offsets names each row)."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    topic = topic_factory(partitions=3).name
+    for partition in range(3):
+        produce(console, topic, 1, partition=partition)
+    joined(console, topic)
+    got = list(deliver(console, topic, n=3))  # every partition gets an offset row
+    produce(console, topic, 1, partition=0)
+    first = next(d for d in got if d.message.partition == 0)
+    with CaptureQueriesContext(connection) as seen:
+        result = delivery.ack_and_deliver(console, "g", [first.receipt], topic, "m", 0, 100)
+    assert result.delivered is not None
+    assert [d.message.partition for d in result.delivered.deliveries] == [0]
+    (update,) = [q["sql"] for q in seen.captured_queries if q["sql"].startswith("WITH v")]
+    # Seven values a row, and the time of the update.
+    assert (update.count("%s") - 1) // 7 == 1
+    assert committed("g", topic, partition=0).committed_offset == 1

@@ -150,7 +150,7 @@ def deliver_in_transaction(
         groups.ensure_offsets(group, partition_ids, subscriber)
         offsets, due = inflight.locked_offsets_and_due(wanted, now)
     batch = _Batch(group, topic, member, subscriber, now, max_messages, auto_ack)
-    batch.recompute = bool(recompute)
+    batch.recompute = recompute or set()
     batch.before = {
         r.partition_id: (r.committed_offset, r.delivered_offset, r.filtered_count)
         for r in offsets.values()
@@ -223,8 +223,9 @@ class _Batch:
         self.before: dict[int, tuple[int, int, int]] = {}
         # Ordered mode: partitions with a message in flight deliver nothing new.
         self.blocked: set[int] = set()
-        # Committed offsets an earlier settlement in this transaction left to recompute.
-        self.recompute = False
+        # Offset rows whose committed offsets an earlier settlement in this transaction left
+        # to recompute.
+        self.recompute: set[inflight.OffsetKey] = set()
 
     @property
     def room(self) -> int:
@@ -403,8 +404,21 @@ class _Batch:
         unchanged (committed < delivered tells it had some), and one that had none now starts
         at its first new run, or at its delivered offset.
         """
-        if self.deleted or self.recompute:
+        if self.deleted:
             inflight.save_recomputed(offsets)
+            return
+        if self.recompute:
+            # Those rows, and the ones this delivery moved: a member's other partitions are
+            # left alone (one row written for an ack and its push, not one per partition).
+            inflight.save_recomputed(
+                {
+                    key: row
+                    for key, row in offsets.items()
+                    if key in self.recompute
+                    or (row.delivered_offset, row.filtered_count)
+                    != self.before[row.partition_id][1:]
+                }
+            )
             return
         moved = []
         for row in offsets.values():

@@ -59,6 +59,7 @@ def ack_and_deliver(
             if found is not None:
                 locked, due = deliver.lock_member_offsets(found[1], found[2])
                 deferred = set()
+            members = set(locked)
             acked = settle.ack_in_transaction(
                 principal,
                 group_name,
@@ -69,9 +70,15 @@ def ack_and_deliver(
                 defer_committed=deferred,
             )
             room = min(max_messages, credit + acked.settled)
+            if deferred:
+                # The rows no delivery will write: all when none follows, else those of an
+                # earlier assignment's runs (SQLite locks them here; PostgreSQL took the other
+                # way, LocksOutOfOrder).
+                now = deferred if room <= 0 else deferred - members
+                if now:
+                    inflight.recompute_committed({key: locked[key] for key in now})
+                    deferred -= now
             if found is None or room <= 0:
-                if deferred:
-                    inflight.recompute_committed({key: locked[key] for key in deferred})
                 return AckAndDelivery(acked)
             topic, group, member = found
             delivered = deliver.deliver_in_transaction(
