@@ -136,9 +136,7 @@ async def test_held_ack__settled_before_the_member_leaves(how):
     secret = await make_key("admin:*")
     await new_topic("h5")
     await produce("h5", [0])
-    ws_cm = session(secret)
-    ws = await ws_cm.__aenter__()
-    try:
+    async with session(secret) as ws:
         await subscribed(ws, "h5")
         (item,) = (await recv_type(ws, "messages"))["items"]
         await send(ws, {"type": "ack", "ref": 1, "sub": "s", "receipts": [item["receipt"]]})
@@ -148,8 +146,7 @@ async def test_held_ack__settled_before_the_member_leaves(how):
                 "acked",
                 "unsubscribed",
             ]
-    finally:
-        await ws_cm.__aexit__(None, None, None)
+    # Disconnected (with the ack still held, for "disconnect").
     for _ in range(100):
         if not await sync(lambda: models.GroupMember.objects.exists()):
             break
