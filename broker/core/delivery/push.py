@@ -53,7 +53,7 @@ def ack_and_deliver(
             postgresql = connection.vendor == "postgresql"
             # The committed offsets the ack moves are written by the delivery's own update of
             # the same rows (a statement fewer), and whether a retry is due is asked with the
-            # rows (one more).
+            # rows (another statement fewer).
             deferred: set[inflight.OffsetKey] | None = None
             due: bool | None = None
             if found is not None:
