@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
+from django.db.backends.signals import connection_created
 from django.db.backends.sqlite3.base import FORMAT_QMARK_REGEX
 from django.db.models import Model
 from django.utils import timezone
@@ -35,10 +36,15 @@ def run(sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
     gives that matters is kept: its exceptions (IntegrityError, OperationalError, ...) and, when
     queries are logged (DEBUG, CaptureQueriesContext), the statement in connection.queries.
     A write needs the caller's transaction: outages.py does not see writes in autocommit here.
+    Writes deferred (defer()) go first, in the same round trip.
     """
     db = connections[DEFAULT_DB_ALIAS]
     if db.connection is None:
         db.ensure_connection()
+    if db.vendor != "sqlite":
+        pending = _take_deferred(db)
+        if pending:
+            return _pipeline(db, [*pending, (sql, params)])[-1]
     raw = db.connection
     logged = db.queries_logged
     started = time.monotonic() if logged else 0.0
@@ -51,6 +57,97 @@ def run(sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
     if logged:
         db.queries_log.append({"sql": sql, "time": f"{time.monotonic() - started:.3f}"})
     return rows
+
+
+def defer(sql: str, params: Sequence[Any] = ()) -> None:
+    """Run a write whose rows nobody reads with the transaction's next statement, or before
+    it commits if none comes.
+
+    On PostgreSQL it then shares that statement's round trip (a pipeline): an ack's DELETE goes
+    with the read of the messages it makes room for, a delivery's in-flight INSERT with the
+    update of the offsets. Every later statement on the connection (run(), Django's cursor,
+    the COMMIT) runs after it, so no reader can tell, except that its error is raised by the
+    next statement. A rollback drops it. On SQLite, which has no round trip to save, and
+    outside a transaction, it runs at once.
+    """
+    db: Any = connections[DEFAULT_DB_ALIAS]
+    if db.vendor == "sqlite" or not db.in_atomic_block:
+        run(sql, params)
+        return
+    if db.connection is None:
+        db.ensure_connection()
+    _hook_deferred(None, db)  # a connection made before this module was imported, too
+    held: tuple[Any, list[tuple[str, Sequence[Any]]]] | None = getattr(db, "ferry_deferred", None)
+    if held is None or held[0] is not db.connection:
+        held = (db.connection, [])
+        db.ferry_deferred = held
+    held[1].append((sql, params))
+
+
+def flush_deferred(db: Any) -> None:
+    """Send what defer() holds on this connection now (before a statement, or the COMMIT)."""
+    pending = _take_deferred(db)
+    if pending:
+        _pipeline(db, pending)
+
+
+def _take_deferred(db: Any) -> list[tuple[str, Sequence[Any]]]:
+    held = getattr(db, "ferry_deferred", None)
+    if not held:
+        return []
+    db.ferry_deferred = None
+    # Deferred on a connection since lost: they went with its transaction.
+    return held[1] if held[0] is db.connection else []
+
+
+def _pipeline(db: Any, statements: Sequence[tuple[str, Sequence[Any]]]) -> list[list[Any]]:
+    raw = db.connection
+    logged = db.queries_logged
+    started = time.monotonic() if logged else 0.0
+    with db.wrap_database_errors:
+        with raw.pipeline():
+            cursors = [raw.execute(sql, params) for sql, params in statements]
+        found = [c.fetchall() if c.description is not None else [] for c in cursors]
+    if logged:
+        took = f"{time.monotonic() - started:.3f}"
+        db.queries_log.extend({"sql": sql, "time": took} for sql, _ in statements)
+    return found
+
+
+def _flush_first(
+    execute: Callable[..., Any], sql: str, params: Any, many: bool, context: dict[str, Any]
+) -> Any:
+    flush_deferred(context["connection"])
+    return execute(sql, params, many, context)
+
+
+def _hook_deferred(sender: Any, connection: Any, **kwargs: Any) -> None:
+    """On each new PostgreSQL connection: what defer() holds goes before any statement of
+    Django's cursor (savepoints included) and before the COMMIT; a rollback drops it."""
+    if connection.vendor != "postgresql" or getattr(connection, "ferry_defers", False):
+        return
+    connection.ferry_defers = True
+    commit, rollback, close = connection._commit, connection._rollback, connection._close
+
+    def flushed_commit() -> None:
+        flush_deferred(connection)
+        commit()
+
+    def dropped_rollback() -> None:
+        connection.ferry_deferred = None
+        rollback()
+
+    def dropped_close() -> None:
+        connection.ferry_deferred = None  # a pooled connection comes back as the same object
+        close()
+
+    connection._commit = flushed_commit
+    connection._rollback = dropped_rollback
+    connection._close = dropped_close
+    connection.execute_wrappers.insert(0, _flush_first)
+
+
+connection_created.connect(_hook_deferred, dispatch_uid="ferry.bulk.deferred")
 
 
 @functools.lru_cache(maxsize=1024)
@@ -70,11 +167,13 @@ def insert_rows(table: str, columns: Sequence[str], rows: Sequence[tuple[object,
         return
     if connection.vendor == "postgresql":
         if len(rows) < PG_COPY_MIN_ROWS:
-            run(_pg_insert(table, tuple(columns), len(rows)), [v for r in rows for v in r])
+            defer(_pg_insert(table, tuple(columns), len(rows)), [v for r in rows for v in r])
             return
         copy_sql = f"COPY {table} ({_quoted(columns)}) FROM STDIN"
+        flush_deferred(connection)
         with connection.cursor() as cursor, cursor.cursor.copy(copy_sql) as copy:
-            # cursor.cursor is psycopg's own cursor, which speaks COPY.
+            # cursor.cursor is psycopg's own cursor, which speaks COPY (and skips Django's
+            # wrappers: what defer() holds goes first, by hand).
             for row in rows:
                 copy.write_row(row)
         return
@@ -129,8 +228,7 @@ def bookkeeping() -> Iterator[None]:
         return
     with transaction.atomic(durable=True):
         if connection.vendor == "postgresql":
-            with connection.cursor() as cursor:
-                cursor.execute("SET LOCAL synchronous_commit = off")
+            defer("SET LOCAL synchronous_commit = off")  # with the first statement
         yield
 
 

@@ -63,3 +63,71 @@ def test_run__rows_placeholders_errors_and_the_query_log(db, console, topic_fact
             [topic.id, partition.number],
         )
     assert models.Partition.objects.filter(topic_id=topic.id).count() == 2
+
+
+def _timeout_of(name):
+    return bulk.run("SELECT session_timeout_ms FROM broker_consumergroup WHERE name = %s", [name])
+
+
+SET_TIMEOUT = "UPDATE broker_consumergroup SET session_timeout_ms = %s WHERE name = %s"
+
+
+def test_defer__before_the_next_statement_of_any_kind(db, console, monkeypatch):
+    groups.configure_group(console, "g-defer")
+    pipelines = []
+    real = bulk._pipeline
+
+    def counted(db, statements):
+        pipelines.append(len(statements))
+        return real(db, statements)
+
+    monkeypatch.setattr(bulk, "_pipeline", counted)
+    with transaction.atomic():
+        bulk.defer(SET_TIMEOUT, [1001, "g-defer"])
+        assert _timeout_of("g-defer") == [(1001,)]
+        bulk.defer(SET_TIMEOUT, [1002, "g-defer"])
+        assert models.ConsumerGroup.objects.get(name="g-defer").session_timeout_ms == 1002
+        bulk.defer(SET_TIMEOUT, [1003, "g-defer"])
+        bulk.defer(SET_TIMEOUT, [1004, "g-defer"])
+        assert _timeout_of("g-defer") == [(1004,)]
+    # On PostgreSQL deferred writes share the next round trip: a read of bulk.run's (twice), or
+    # a pipeline of their own right before a statement of Django's cursor.
+    assert pipelines == ([2, 1, 3] if connection.vendor == "postgresql" else [])
+
+
+def _defer_then_fail(timeout, name):
+    with transaction.atomic():
+        bulk.defer(SET_TIMEOUT, [timeout, name])
+        raise RuntimeError
+
+
+@pytest.mark.django_db(transaction=True)
+def test_defer__sent_before_the_commit_dropped_by_a_rollback(console):
+    groups.configure_group(console, "g-commit")
+    with transaction.atomic():
+        bulk.defer(SET_TIMEOUT, [2001, "g-commit"])  # no statement after it: the COMMIT
+    assert _timeout_of("g-commit") == [(2001,)]
+    with pytest.raises(RuntimeError):
+        _defer_then_fail(2002, "g-commit")
+    with transaction.atomic():
+        with pytest.raises(RuntimeError):
+            _defer_then_fail(2003, "g-commit")  # in a savepoint
+        assert _timeout_of("g-commit") == [(2001,)]
+    assert _timeout_of("g-commit") == [(2001,)]  # the dropped write did not come back
+    with transaction.atomic():
+        bulk.defer(SET_TIMEOUT, [2004, "g-commit"])
+        connection.close()  # lost with its connection
+    assert _timeout_of("g-commit") == [(2001,)]
+
+
+def test_defer__its_error_raised_by_the_next_statement(db, console):
+    groups.configure_group(console, "g-a")
+    groups.configure_group(console, "g-b")
+    with pytest.raises(IntegrityError):
+        _defer_rename_then_read("g-b", "g-a")
+
+
+def _defer_rename_then_read(name, to):
+    with transaction.atomic():
+        bulk.defer("UPDATE broker_consumergroup SET name = %s WHERE name = %s", [to, name])
+        _timeout_of(to)

@@ -2,7 +2,7 @@ import orjson
 import pytest
 
 from broker import models
-from broker.core import delivery, errors, groups, log, membership, retries
+from broker.core import bulk, delivery, errors, groups, log, membership, retries
 from broker.core.records import NewMessage
 
 
@@ -492,10 +492,25 @@ STATEMENTS = {
 }
 
 
-def test_ack_and_deliver__statements(topic_factory, console):
+# Round trips to PostgreSQL of the same calls outside a test's transaction (its COMMIT
+# included, the test's savepoint pair not): statements deferred with bulk.defer share the
+# next one's pipeline.
+ROUND_TRIPS = {"ack": 5, "deliver": 6, "ack_and_deliver": 7}
+
+
+def test_ack_and_deliver__statements(topic_factory, console, monkeypatch):
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
+    # Statements that went in a pipeline with others, but the first of each.
+    shared = []
+    pipeline = bulk._pipeline
+
+    def counted(db, statements):
+        shared.append(len(statements) - 1)
+        return pipeline(db, statements)
+
+    monkeypatch.setattr(bulk, "_pipeline", counted)
     topic = topic_factory().name
     produce(console, topic, 10)
     joined(console, topic)
@@ -503,19 +518,26 @@ def test_ack_and_deliver__statements(topic_factory, console):
     # Warm: the first delivery reads the member's leases and creates its offsets.
     delivery.ack_messages(console, "g", [got.pop(0).receipt])
     got += deliver(console, topic, n=1)
-    counts = {}
+    counts, trips = {}, {}
+    shared.clear()
     with CaptureQueriesContext(connection) as ack:
         delivery.ack_messages(console, "g", [got.pop(0).receipt])
-    counts["ack"] = len(ack.captured_queries)
+    counts["ack"], trips["ack"] = len(ack.captured_queries), len(ack.captured_queries) - sum(shared)
+    shared.clear()
     with CaptureQueriesContext(connection) as one:
         got += deliver(console, topic, n=1)
-    counts["deliver"] = len(one.captured_queries)
+    counts["deliver"], trips["deliver"] = len(one.captured_queries), len(one) - sum(shared)
+    shared.clear()
     with CaptureQueriesContext(connection) as both:
         result = delivery.ack_and_deliver(console, "g", [got.pop(0).receipt], topic, "m", 0, 100)
     counts["ack_and_deliver"] = len(both.captured_queries)
+    trips["ack_and_deliver"] = len(both) - sum(shared)
     assert result.delivered is not None
     assert len(result.delivered.deliveries) == 1
     assert counts == STATEMENTS[connection.vendor]
+    if connection.vendor == "postgresql":
+        # The savepoint pair out, the COMMIT in.
+        assert {call: n - 2 + 1 for call, n in trips.items()} == ROUND_TRIPS
 
 
 def test_ack_and_deliver__committed_offsets_follow_the_lowest_in_flight(topic_factory, console):

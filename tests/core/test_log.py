@@ -131,6 +131,50 @@ def test_append_messages__permission_checked_first(topic_factory, key_factory):
         log.append_messages(principal, "unknown-topic", [msg(1)])
 
 
+def test_append_messages__every_field_stored_at_its_offset(topic_factory, console):
+    topic = topic_factory(partitions=3)
+    batch = [
+        NewMessage(value=b"\x00\xff", is_json=False, key="k", tag="t", headers={"h": "v"}),
+        msg("a", partition=2, client_id="c-1", timestamp_ms=123),
+        msg({"b": [1]}, partition=2),
+        msg(None, partition=0, tag="only-tag"),
+        msg("c", partition=2),
+    ]
+    before = log.now_ms()
+    results = log.append_messages(console, topic.name, batch)
+    after = log.now_ms()
+    stored = {
+        (m.partition.number, m.offset): m
+        for m in models.Message.objects.filter(partition__topic_id=topic.id).select_related(
+            "partition"
+        )
+    }
+    assert len(stored) == len(batch) == len(results)
+    for n in range(3):
+        # In batch order, from each partition's start.
+        offsets = [r.offset for r in results if r.partition == n]
+        assert offsets == list(range(len(offsets)))
+    for r, sent in zip(results, batch, strict=True):
+        assert r.partition is not None  # stored, not delayed
+        assert r.offset is not None
+        m = stored[(r.partition, r.offset)]
+        assert (bytes(m.value), m.is_json, m.key, m.tag, m.headers, m.client_id) == (
+            sent.value,
+            sent.is_json,
+            sent.key,
+            sent.tag,
+            sent.headers,
+            sent.client_id,
+        )
+        assert m.size_bytes == log.message_size(sent)
+        if sent.timestamp_ms is not None:
+            assert m.timestamp_ms == sent.timestamp_ms
+        else:
+            # The broker's clock.
+            assert before - 1000 <= m.timestamp_ms <= after + 1000
+    assert end_offsets(topic.name) == [sum(r.partition == n for r in results) for n in range(3)]
+
+
 def test_append_messages__query_budget(topic_factory, console, django_assert_max_num_queries):
     topic = topic_factory()
     batch = [msg(i) for i in range(500)]

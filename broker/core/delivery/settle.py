@@ -108,7 +108,8 @@ def _receipt_partitions(receipts: list[str]) -> set[int]:
 
 def _delete_in_flight(ids: list[int]) -> None:
     if ids:
-        bulk.run(DELETE_IN_FLIGHT[connection.vendor], (_array(ids),))
+        # Nobody reads its rows: on PostgreSQL it goes with the next statement.
+        bulk.defer(DELETE_IN_FLIGHT[connection.vendor], (_array(ids),))
 
 
 class LocksOutOfOrder(Exception):
