@@ -60,15 +60,16 @@ def run(sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
 
 
 def defer(sql: str, params: Sequence[Any] = ()) -> None:
-    """Run a write whose rows nobody reads with the transaction's next statement, or before
-    it commits if none comes.
+    """Run a write whose rows nobody reads with the transaction's next statement, or with its
+    COMMIT if none comes.
 
     On PostgreSQL it then shares that statement's round trip (a pipeline): an ack's DELETE goes
     with the read of the messages it makes room for, a delivery's in-flight INSERT with the
-    update of the offsets. Every later statement on the connection (run(), Django's cursor,
-    the COMMIT) runs after it, so no reader can tell, except that its error is raised by the
-    next statement. A rollback drops it. On SQLite, which has no round trip to save, and
-    outside a transaction, it runs at once.
+    update of the offsets, an append's update of its partitions with the COMMIT (the partition
+    locks are held a round trip less). Every later statement on the connection (run(),
+    Django's cursor, the COMMIT) runs after it, so no reader can tell, except that its error
+    is raised by the next statement. A rollback drops it. On SQLite, which has no round trip
+    to save, and outside a transaction, it runs at once.
     """
     db: Any = connections[DEFAULT_DB_ALIAS]
     if db.vendor == "sqlite" or not db.in_atomic_block:
@@ -100,13 +101,20 @@ def _take_deferred(db: Any) -> list[tuple[str, Sequence[Any]]]:
     return held[1] if held[0] is db.connection else []
 
 
-def _pipeline(db: Any, statements: Sequence[tuple[str, Sequence[Any]]]) -> list[list[Any]]:
+def _pipeline(
+    db: Any,
+    statements: Sequence[tuple[str, Sequence[Any]]],
+    then: Callable[[], None] | None = None,
+) -> list[list[Any]]:
+    """The statements in one pipeline, then (in it) `then`, the COMMIT's own call."""
     raw = db.connection
     logged = db.queries_logged
     started = time.monotonic() if logged else 0.0
     with db.wrap_database_errors:
         with raw.pipeline():
             cursors = [raw.execute(sql, params) for sql, params in statements]
+            if then is not None:
+                then()
         found = [c.fetchall() if c.description is not None else [] for c in cursors]
     if logged:
         took = f"{time.monotonic() - started:.3f}"
@@ -123,15 +131,18 @@ def _flush_first(
 
 def _hook_deferred(sender: Any, connection: Any, **kwargs: Any) -> None:
     """On each new PostgreSQL connection: what defer() holds goes before any statement of
-    Django's cursor (savepoints included) and before the COMMIT; a rollback drops it."""
+    Django's cursor (savepoints included), or with the COMMIT; a rollback drops it."""
     if connection.vendor != "postgresql" or getattr(connection, "ferry_defers", False):
         return
     connection.ferry_defers = True
     commit, rollback, close = connection._commit, connection._rollback, connection._close
 
     def flushed_commit() -> None:
-        flush_deferred(connection)
-        commit()
+        pending = _take_deferred(connection)
+        if pending:
+            _pipeline(connection, pending, then=commit)  # and the COMMIT: one round trip
+        else:
+            commit()
 
     def dropped_rollback() -> None:
         connection.ferry_deferred = None

@@ -102,11 +102,21 @@ def _defer_then_fail(timeout, name):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_defer__sent_before_the_commit_dropped_by_a_rollback(console):
+def test_defer__sent_with_the_commit_dropped_by_a_rollback(console, monkeypatch):
     groups.configure_group(console, "g-commit")
+    committing = []
+    real = bulk._pipeline
+
+    def noted(db, statements, then=None):
+        committing.append(then is not None)
+        return real(db, statements, then)
+
+    monkeypatch.setattr(bulk, "_pipeline", noted)
     with transaction.atomic():
         bulk.defer(SET_TIMEOUT, [2001, "g-commit"])  # no statement after it: the COMMIT
     assert _timeout_of("g-commit") == [(2001,)]
+    # On PostgreSQL the write and the COMMIT went in one pipeline.
+    assert committing == ([True] if connection.vendor == "postgresql" else [])
     with pytest.raises(RuntimeError):
         _defer_then_fail(2002, "g-commit")
     with transaction.atomic():
