@@ -65,6 +65,24 @@ def test_run__rows_placeholders_errors_and_the_query_log(db, console, topic_fact
     assert models.Partition.objects.filter(topic_id=topic.id).count() == 2
 
 
+def test_run__rows_only_of_statements_that_return_them(db, console, topic_factory):
+    """An empty SELECT and a write return [], a write's RETURNING its rows: alone, and sent
+    with a deferred write in one pipeline (PostgreSQL)."""
+    topic = topic_factory(partitions=1)
+    (pid,) = bulk.run("SELECT id FROM broker_partition WHERE topic_id = %s", [topic.id])[0]
+    with transaction.atomic():
+        for deferred in (False, True):
+            if deferred:
+                bulk.defer("UPDATE broker_partition SET bytes_stored = 2 WHERE id = %s", [pid])
+            assert bulk.run("SELECT id FROM broker_partition WHERE id < 0") == []
+            assert bulk.run("UPDATE broker_partition SET bytes_stored = 3 WHERE id < 0") == []
+            assert bulk.run(
+                "UPDATE broker_partition SET bytes_stored = bytes_stored + 1 WHERE id = %s "
+                "RETURNING bytes_stored",
+                [pid],
+            ) == [(1 if not deferred else 3,)]
+
+
 def _timeout_of(name):
     return bulk.run("SELECT session_timeout_ms FROM broker_consumergroup WHERE name = %s", [name])
 
