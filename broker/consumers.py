@@ -129,6 +129,10 @@ class Subscription:
     held_timer: asyncio.TimerHandle | None = None
     # Set while the push task settles a held ack it took: what comes after waits for it.
     acking: asyncio.Event | None = None
+    # A later generation an ack's delivery saw: the push task heartbeats to learn its
+    # partitions and send `assigned` (an ack that delivers refreshes last_beat, so a member
+    # busy acking would otherwise learn a rebalance only once idle).
+    seen_generation: int = 0
 
     def take_held_ack(self) -> frames.AckFrame | None:
         held, self.held_ack = self.held_ack, None
@@ -613,7 +617,10 @@ class BrokerConsumer(AsyncWebsocketConsumer):
         # one message at a time), then finds the credit left. The push task looks again at once
         # only for a rebalance to learn, or when more may be waiting already.
         more = len(pushed) >= batch or delivered.filtered or delivered.expired
-        if delivered.generation != s.generation or (s.credit > 0 and more):
+        if delivered.generation != s.generation:
+            s.seen_generation = delivered.generation
+            s.wake.set()
+        elif s.credit > 0 and more:
             s.wake.set()
 
     async def _hold_ack(self, s: Subscription, frame: frames.AckFrame, hold_ms: int) -> None:
@@ -871,7 +878,7 @@ class BrokerConsumer(AsyncWebsocketConsumer):
                     # run: keep going. Else everything there was is out: what is appended from
                     # now on sets the wake-up (cleared before this round's read).
                     continue
-            elif loop.time() - s.last_beat >= interval:
+            elif s.seen_generation > s.generation or loop.time() - s.last_beat >= interval:
                 await self._heartbeat(s)
             # Wait for a wake-up (messages appended or returned, an ack, a credit frame), or
             # until the next heartbeat is due; while the layer is down, read again soon.
