@@ -37,15 +37,23 @@ def run(sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
     gives that matters is kept: its exceptions (IntegrityError, OperationalError, ...) and, when
     queries are logged (DEBUG, CaptureQueriesContext), the statement in connection.queries.
     A write needs the caller's transaction: outages.py does not see writes in autocommit here.
-    Writes deferred (defer()) go first, in the same round trip.
+    Writes deferred (defer()) go first, in the same round trip, and reads announced with
+    read_ahead() after it; a read announced so is answered from what it found.
     """
-    db = connections[DEFAULT_DB_ALIAS]
+    db: Any = connections[DEFAULT_DB_ALIAS]
     if db.connection is None:
         db.ensure_connection()
     if db.vendor != "sqlite":
-        pending = _take_deferred(db)
-        if pending:
-            return _pipeline(db, [*pending, (sql, params)])[-1]
+        found = _take_read(db, sql, params)
+        if found is not None:
+            return found
+        pending, ahead = _take_deferred(db), _take_ahead(db)
+        if pending or ahead:
+            results = _pipeline(db, [*pending, (sql, params), *ahead])
+            if ahead:
+                found_ahead = list(zip(ahead, results[-len(ahead) :], strict=True))
+                db.ferry_read = (db.connection, found_ahead)
+            return results[len(pending)]
     raw = db.connection
     logged = db.queries_logged
     started = time.monotonic() if logged else 0.0
@@ -79,6 +87,7 @@ def defer(sql: str, params: Sequence[Any] = ()) -> None:
     if db.connection is None:
         db.ensure_connection()
     _hook_deferred(None, db)  # a connection made before this module was imported, too
+    db.ferry_read = None  # a read announced before this write would not see it
     held: tuple[Any, list[tuple[str, Sequence[Any]]]] | None = getattr(db, "ferry_deferred", None)
     if held is None or held[0] is not db.connection:
         held = (db.connection, [])
@@ -86,8 +95,62 @@ def defer(sql: str, params: Sequence[Any] = ()) -> None:
     held[1].append((sql, params))
 
 
+def read_ahead(sql: str, params: Sequence[Any] = ()) -> None:
+    """Announce a read the transaction makes next, right after its next statement.
+
+    On PostgreSQL it is sent with that statement, after it in the same pipeline, and the
+    run() of the same statement and parameters that comes next gets its rows without a round
+    trip of its own: the member's row read with its group's lock, the runs an ack names with
+    their offset rows' locks. As a statement of its own it would have run right after the other
+    one, under the same locks and seeing the same commits (in READ COMMITTED each statement
+    sees what was committed when it started), so nothing can tell the difference. Any other
+    statement between them (a write deferred too) drops the rows, and that run() then reads
+    for itself; so does one on SQLite, or outside a transaction, where this does nothing.
+    """
+    db: Any = connections[DEFAULT_DB_ALIAS]
+    if db.vendor == "sqlite" or not db.in_atomic_block:
+        return
+    if db.connection is None:
+        db.ensure_connection()
+    _hook_deferred(None, db)
+    held: tuple[Any, list[tuple[str, tuple[Any, ...]]]] | None = getattr(db, "ferry_ahead", None)
+    if held is None or held[0] is not db.connection:
+        held = db.ferry_ahead = (db.connection, [])
+    held[1].append((sql, tuple(params)))
+
+
+def _take_ahead(db: Any) -> list[tuple[str, Sequence[Any]]]:
+    held = getattr(db, "ferry_ahead", None)
+    if not held:
+        return []
+    db.ferry_ahead = None
+    return held[1] if held[0] is db.connection else []
+
+
+def _take_read(db: Any, sql: str, params: Sequence[Any]) -> list[Any] | None:
+    """The rows a read announced with read_ahead() found, when it is this statement; else
+    None, and the rows of every read announced are dropped (something ran between)."""
+    held = getattr(db, "ferry_read", None)
+    if not held:
+        return None
+    conn, reads = held
+    if conn is not db.connection or not reads or reads[0][0] != (sql, tuple(params)):
+        db.ferry_read = None
+        return None
+    rows = reads.pop(0)[1]
+    if not reads:
+        db.ferry_read = None
+    return rows  # type: ignore[no-any-return]
+
+
+def _forget_reads(db: Any) -> None:
+    db.ferry_ahead = db.ferry_read = None
+
+
 def flush_deferred(db: Any) -> None:
-    """Send what defer() holds on this connection now (before a statement, or the COMMIT)."""
+    """Send what defer() holds on this connection now, before a statement of another kind
+    (which also drops what read_ahead() announced or found)."""
+    _forget_reads(db)
     pending = _take_deferred(db)
     if pending:
         _pipeline(db, pending)
@@ -111,15 +174,21 @@ def _pipeline(
     raw = db.connection
     logged = db.queries_logged
     started = time.monotonic() if logged else 0.0
+
+    def log() -> None:
+        if logged:
+            took = f"{time.monotonic() - started:.3f}"
+            db.queries_log.extend({"sql": sql, "time": took} for sql, _ in statements)
+
     with db.wrap_database_errors:
         with raw.pipeline():
             cursors = [raw.execute(sql, params) for sql, params in statements]
             if then is not None:
+                log()  # before the COMMIT, which logs itself, as they go
                 then()
         found = [_rows(c) for c in cursors]
-    if logged:
-        took = f"{time.monotonic() - started:.3f}"
-        db.queries_log.extend({"sql": sql, "time": took} for sql, _ in statements)
+    if then is None:
+        log()
     return found
 
 
@@ -151,6 +220,7 @@ def _hook_deferred(sender: Any, connection: Any, **kwargs: Any) -> None:
     commit, rollback, close = connection._commit, connection._rollback, connection._close
 
     def flushed_commit() -> None:
+        _forget_reads(connection)
         pending = _take_deferred(connection)
         if pending:
             _pipeline(connection, pending, then=commit)  # and the COMMIT: one round trip
@@ -159,10 +229,12 @@ def _hook_deferred(sender: Any, connection: Any, **kwargs: Any) -> None:
 
     def dropped_rollback() -> None:
         connection.ferry_deferred = None
+        _forget_reads(connection)
         rollback()
 
     def dropped_close() -> None:
         connection.ferry_deferred = None  # a pooled connection comes back as the same object
+        _forget_reads(connection)
         close()
 
     connection._commit = flushed_commit
@@ -316,6 +388,17 @@ def select_models(model: type[M], where: str, params: Sequence[Any]) -> list[M]:
     return found
 
 
+def joined_sql(parts: Sequence[tuple[type[Model], str]], tail: str) -> str:
+    """The statement select_joined(parts, tail, ...) runs (for read_ahead())."""
+    columns = ", ".join(
+        f'{alias}."{column}"'
+        for model, alias in parts
+        for column in _select_plan(model, connection.vendor)[3]
+    )
+    # tail and the columns come from the callers' constants and the models, never input.
+    return f"SELECT {columns} {tail}"
+
+
 def select_joined(
     parts: Sequence[tuple[type[Model], str]], tail: str, params: Sequence[Any]
 ) -> list[tuple[Model, ...]]:
@@ -325,9 +408,7 @@ def select_joined(
     statement per model on every poll and push.
     """
     plans = [(_select_plan(model, connection.vendor), model, alias) for model, alias in parts]
-    columns = ", ".join(f'{alias}."{column}"' for (plan, _, alias) in plans for column in plan[3])
-    # tail and the columns come from the callers' constants and the models, never input.
-    rows = run(f"SELECT {columns} {tail}", params)
+    rows = run(joined_sql(parts, tail), params)
     found = []
     for row in rows:
         values, start, instances = list(row), 0, []
@@ -342,10 +423,12 @@ def select_joined(
     return found
 
 
-def update_rows(rows: Sequence[Model], fields: Sequence[str]) -> None:
+def update_rows(rows: Sequence[Model], fields: Sequence[str], *, deferred: bool = False) -> None:
     """UPDATE each row's fields by primary key in one executemany, as save(update_fields) would.
 
-    An auto_now field among fields is set to now, as save() does. Caller holds the transaction.
+    An auto_now field among fields is set to now, as save() does. deferred: with the
+    transaction's next statement or its COMMIT on PostgreSQL (defer()). Caller holds the
+    transaction.
     """
     if not rows:
         return
@@ -363,9 +446,11 @@ def update_rows(rows: Sequence[Model], fields: Sequence[str]) -> None:
         [*(f.get_db_prep_save(getattr(row, f.attname), connection) for f in concrete), row.pk]
         for row in rows
     ]
-    if len(params) == 1:
-        # psycopg runs an executemany in pipeline mode: more work than one execute.
-        run(sql, params[0])
+    if len(params) == 1 or (deferred and connection.vendor == "postgresql"):
+        # psycopg runs an executemany in pipeline mode: more work than one execute; deferred
+        # statements go in the next one's pipeline.
+        for one in params:
+            (defer if deferred else run)(sql, one)
         return
     with connection.cursor() as cursor:
         cursor.executemany(sql, params)

@@ -43,12 +43,21 @@ def receipt(token: str, partition_id: int, offset: int) -> str:
 
 
 # One match for the whole receipt: a settlement parses each of its receipts two or three times
-# (validation, the partitions to lock, the runs they name).
+# (validation, the partitions to lock, the runs they name, read ahead), so the answers for the
+# last few thousand are kept.
 _RECEIPT = re.compile(r"([0-9a-f]{1,16})\.([0-9a-f]{1,16})\.([0-9a-f]{1,16})")
+RECEIPT_PATTERN_MAX = 50  # the longest string _RECEIPT can match
 
 
 def _parse_receipt(text: str) -> tuple[str, int, int] | None:
     """(token, partition id, offset) of a receipt, or None for a string that is not one."""
+    if len(text) > RECEIPT_PATTERN_MAX:
+        return None
+    return _parse_short(text)
+
+
+@functools.lru_cache(maxsize=8192)
+def _parse_short(text: str) -> tuple[str, int, int] | None:
     found = _RECEIPT.fullmatch(text)
     if found is None:
         return None
@@ -258,33 +267,42 @@ def _committed_sql(template: str, vendor: str, row_count: int) -> str:
     return template.format(rows=rows, greatest=dialect["greatest"], returning=dialect["returning"])
 
 
-def _write_committed(sql: str, rows: dict[OffsetKey, models.GroupOffset], *more: Any) -> None:
+def _write_committed(
+    sql: str, rows: dict[OffsetKey, models.GroupOffset], *more: Any, read_back: bool = True
+) -> None:
     """Run RECOMPUTE_COMMITTED or SAVE_RECOMPUTED (more: its parameters after the rows) and
-    take the committed offsets it wrote into the rows."""
+    take the committed offsets it wrote into the rows; without read_back, leave the rows'
+    committed offsets as they were and defer the statement (bulk.defer)."""
     keys_ = sorted(rows)
     values: list[Any] = []
     for key in keys_:
         row = rows[key]
         values += [row.id, *key, row.delivered_offset, row.committed_offset, row.filtered_count]
+    statement = _committed_sql(sql, connection.vendor, len(keys_))
+    if not read_back:
+        bulk.defer(statement, [*values, *more])
+        return
     by_id = {row.id: row for row in rows.values()}
-    for oid, committed in bulk.run(
-        _committed_sql(sql, connection.vendor, len(keys_)), [*values, *more]
-    ):
+    for oid, committed in bulk.run(statement, [*values, *more]):
         by_id[oid].committed_offset = committed
 
 
-def save_recomputed(rows: dict[OffsetKey, models.GroupOffset]) -> None:
+def save_recomputed(rows: dict[OffsetKey, models.GroupOffset], *, read_back: bool = True) -> None:
     """Store the rows' delivered offsets and filtered counts, and set their committed offsets
     as recompute_committed does, in one statement.
 
-    Caller holds the rows' locks (locked_offsets).
+    Without read_back the rows' committed offsets are not updated here, and on PostgreSQL the
+    statement goes with the transaction's next one or its COMMIT (bulk.defer): for a caller
+    that is done with the rows. Caller holds the rows' locks (locked_offsets).
     """
     if not rows:
         return
     now = timezone.now()
     for row in rows.values():
         row.updated_at = now
-    _write_committed(SAVE_RECOMPUTED, rows, connection.ops.adapt_datetimefield_value(now))
+    _write_committed(
+        SAVE_RECOMPUTED, rows, connection.ops.adapt_datetimefield_value(now), read_back=read_back
+    )
 
 
 def recompute_committed(rows: dict[OffsetKey, models.GroupOffset]) -> None:

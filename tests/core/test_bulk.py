@@ -1,6 +1,8 @@
 """bulk.run, bulk.select_models and bulk.update_rows behave as Django's cursor and the ORM's
 own reads and saves."""
 
+import threading
+
 import pytest
 from django.db import IntegrityError, connection, transaction
 from django.test.utils import CaptureQueriesContext
@@ -83,8 +85,11 @@ def test_run__rows_only_of_statements_that_return_them(db, console, topic_factor
             ) == [(1 if not deferred else 3,)]
 
 
+READ_TIMEOUT = "SELECT session_timeout_ms FROM broker_consumergroup WHERE name = %s"
+
+
 def _timeout_of(name):
-    return bulk.run("SELECT session_timeout_ms FROM broker_consumergroup WHERE name = %s", [name])
+    return bulk.run(READ_TIMEOUT, [name])
 
 
 SET_TIMEOUT = "UPDATE broker_consumergroup SET session_timeout_ms = %s WHERE name = %s"
@@ -159,3 +164,87 @@ def _defer_rename_then_read(name, to):
     with transaction.atomic():
         bulk.defer("UPDATE broker_consumergroup SET name = %s WHERE name = %s", [to, name])
         _timeout_of(to)
+
+
+def _read_once(name):
+    """_timeout_of(name), and how many statements it ran (0: answered by a read ahead)."""
+    with CaptureQueriesContext(connection) as ran:
+        found = _timeout_of(name)
+    return found, len(ran.captured_queries)
+
+
+def test_read_ahead__answered_from_the_next_statements_round_trip(db, console, monkeypatch):
+    groups.configure_group(console, "g-ahead")
+    pipelines = []
+    real = bulk._pipeline
+
+    def counted(db, statements, then=None):
+        pipelines.append(len(statements))
+        return real(db, statements, then)
+
+    monkeypatch.setattr(bulk, "_pipeline", counted)
+    postgresql = connection.vendor == "postgresql"
+    with transaction.atomic():
+        bulk.read_ahead(READ_TIMEOUT, ["g-ahead"])
+        assert bulk.run("SELECT 1") == [(1,)]
+        # On PostgreSQL the read went in that statement's pipeline, after it.
+        assert _read_once("g-ahead") == ([(45_000,)], 0 if postgresql else 1)
+        assert pipelines == ([2] if postgresql else [])
+        # Its rows answer once: the same read again runs.
+        assert _read_once("g-ahead") == ([(45_000,)], 1)
+        # A write between them, deferred or not, or another read, and the read runs itself.
+        for between, expected in (
+            (lambda: bulk.defer(SET_TIMEOUT, [3001, "g-ahead"]), 3001),
+            (lambda: bulk.run(SET_TIMEOUT, [3002, "g-ahead"]), 3002),
+            (lambda: bulk.run("SELECT 2"), 3002),
+            (
+                lambda: models.ConsumerGroup.objects.filter(name="g-ahead").update(
+                    session_timeout_ms=3003
+                ),
+                3003,
+            ),
+        ):
+            bulk.read_ahead(READ_TIMEOUT, ["g-ahead"])
+            bulk.run("SELECT 1")
+            between()
+            found, ran = _read_once("g-ahead")
+            assert found == [(expected,)]
+            assert ran >= 1
+        # Another statement, or other parameters, are not answered by it.
+        bulk.read_ahead(READ_TIMEOUT, ["g-ahead"])
+        bulk.run("SELECT 1")
+        assert _read_once("g-other") == ([], 1)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_read_ahead__sees_what_committed_while_the_statement_before_it_waited(console):
+    """The member read with its group's lock: a read ahead runs once the lock is granted, so it
+    sees what the holder of the lock committed."""
+    if connection.vendor != "postgresql":
+        pytest.skip("SQLite serializes writers at BEGIN: no statement waits for a row lock")
+    groups.configure_group(console, "g-wait")
+    lock = "SELECT id FROM broker_consumergroup WHERE name = %s FOR {}"
+    holding, release = threading.Event(), threading.Event()
+
+    def holder():
+        try:
+            with transaction.atomic():
+                bulk.run(lock.format("NO KEY UPDATE"), ["g-wait"])
+                bulk.run(SET_TIMEOUT, [4001, "g-wait"])
+                holding.set()
+                release.wait(10)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=holder)
+    thread.start()
+    try:
+        assert holding.wait(10)
+        threading.Timer(0.3, release.set).start()
+        with transaction.atomic():
+            bulk.read_ahead(READ_TIMEOUT, ["g-wait"])
+            bulk.run(lock.format("SHARE"), ["g-wait"])  # waits for the holder's commit
+            assert _read_once("g-wait") == ([(4001,)], 0)
+    finally:
+        release.set()
+        thread.join(10)

@@ -402,10 +402,11 @@ class _Batch:
 
         Without deletions the lowest in-flight offset of a partition that had some is
         unchanged (committed < delivered tells it had some), and one that had none now starts
-        at its first new run, or at its delivered offset.
+        at its first new run, or at its delivered offset. The last write of a delivery: on
+        PostgreSQL it goes with the COMMIT (bulk.defer; the rows are not read again).
         """
         if self.deleted:
-            inflight.save_recomputed(offsets)
+            inflight.save_recomputed(offsets, read_back=False)
             return
         if self.recompute:
             # Those rows, and the ones this delivery moved: a member's other partitions are
@@ -417,7 +418,8 @@ class _Batch:
                     if key in self.recompute
                     or (row.delivered_offset, row.filtered_count)
                     != self.before[row.partition_id][1:]
-                }
+                },
+                read_back=False,
             )
             return
         moved = []
@@ -432,7 +434,9 @@ class _Batch:
             if (row.committed_offset, row.delivered_offset, row.filtered_count) != before:
                 moved.append(row)
         bulk.update_rows(
-            moved, ["committed_offset", "delivered_offset", "filtered_count", "updated_at"]
+            moved,
+            ["committed_offset", "delivered_offset", "filtered_count", "updated_at"],
+            deferred=True,
         )
 
     def store(self) -> None:

@@ -57,6 +57,8 @@ def ack_and_deliver(
             deferred: set[inflight.OffsetKey] | None = None
             due: bool | None = None
             if found is not None:
+                # The runs the ack names come with the lock of the member's offset rows.
+                settle.read_named_ahead(found[1].id, receipts)
                 locked, due = deliver.lock_member_offsets(found[1], found[2])
                 deferred = set()
             members = set(locked)

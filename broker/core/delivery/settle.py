@@ -74,20 +74,37 @@ def _array(values: list[Any]) -> Any:
     return orjson.dumps(values).decode() if connection.vendor == "sqlite" else values
 
 
-def _named(group_id: int, receipts: list[str]) -> dict[_Named, list[tuple[str, int]]]:
-    """The runs the receipts name, each with its named (receipt, offset) pairs."""
+def _named_reads(
+    group_id: int, receipts: list[str]
+) -> list[tuple[tuple[int, int, int, int], list[tuple[str, str, int]]]]:
+    """The SELECT_NAMED parameters _named reads with, one per partition the receipts name,
+    each with its (receipt, token, offset) triples."""
     by_partition: dict[int, list[tuple[str, str, int]]] = {}
     for text in receipts:
         where = inflight._parse_receipt(text)
         if where is not None:
             token, partition_id, offset = where
             by_partition.setdefault(partition_id, []).append((text, token, offset))
+    return [
+        ((group_id, partition_id, max(n[2] for n in named), min(n[2] for n in named)), named)
+        for partition_id, named in sorted(by_partition.items())
+    ]
+
+
+def read_named_ahead(group_id: int, receipts: list[str]) -> None:
+    """Have the next statement (the offset rows' lock) bring the runs the receipts name
+    (bulk.read_ahead): a round trip fewer for an ack on PostgreSQL."""
+    for params, _ in _named_reads(group_id, receipts):
+        bulk.read_ahead(SELECT_NAMED, params)
+
+
+def _named(group_id: int, receipts: list[str]) -> dict[_Named, list[tuple[str, int]]]:
+    """The runs the receipts name, each with its named (receipt, offset) pairs."""
     found: dict[_Named, list[tuple[str, int]]] = {}
-    for partition_id, named in sorted(by_partition.items()):
-        low, high = min(n[2] for n in named), max(n[2] for n in named)
+    for params, named in _named_reads(group_id, receipts):
         # Runs of one token do not overlap; broadcast members' runs may share offsets.
         by_token: dict[str, list[_Named]] = {}
-        for row in bulk.run(SELECT_NAMED, (group_id, partition_id, high, low)):
+        for row in bulk.run(SELECT_NAMED, params):
             run = _Named._make((*row[:13], bool(row[13])))
             by_token.setdefault(run.token, []).append(run)
         starts = {}
@@ -142,7 +159,8 @@ class _Settling:
         if locked is None and postgresql and group.mode == models.ConsumerGroup.Mode.CLUSTERING:
             # A clustering group's runs are the group's own (subscriber ""), in the partitions
             # the receipts name: lock those offset rows first and read the runs once, under them
-            # (a round trip fewer than read, lock, read again).
+            # (a round trip fewer than read, lock, read again), in the lock's round trip.
+            read_named_ahead(group.id, self.receipts)
             locked = inflight.locked_offsets(
                 (group.id, partition_id, "") for partition_id in _receipt_partitions(self.receipts)
             )

@@ -289,22 +289,20 @@ def touch_member(
 # Raw SQL, one statement for what a delivery looks up first: its topic, its group and its member
 # on that topic. On PostgreSQL the group is locked first, on its own: a row lock taken by a
 # join would, after waiting for a leave or a rebalance, return the member row as it was
-# before (only the locked row is read again), so the member is read after the lock.
+# before (only the locked row is read again), so the member is read after the lock (in the
+# lock's round trip: bulk.read_ahead).
 MEMBER_OF_TOPIC = (
     "FROM broker_topic t JOIN broker_consumergroup g ON g.name = %s "
     "JOIN broker_groupmember m ON m.group_id = g.id AND m.member_id = %s AND m.topic_id = t.id "
     "WHERE t.name = %s"
-)
-MEMBER_OF_TOPIC_IN_GROUP = (
-    "FROM broker_topic t JOIN broker_groupmember m ON m.topic_id = t.id "
-    "WHERE m.group_id = %s AND m.member_id = %s AND t.name = %s"
 )
 
 
 def touch_member_of_topic(
     group_name: str, member_id: str, topic_name: str
 ) -> tuple[models.Topic, models.ConsumerGroup, models.GroupMember] | None:
-    """touch_member and the topic by name, in one statement on SQLite (two on PostgreSQL); None
+    """touch_member and the topic by name, in one statement on SQLite (two on PostgreSQL, in
+    one round trip); None
     when the topic, the group or the member is missing, or the member is on another topic (the
     caller then looks each up on its own, for the error). Checks no permission: the caller
     does first.
@@ -312,15 +310,14 @@ def touch_member_of_topic(
     Caller holds the write transaction.
     """
     group: Any
+    params = [group_name, member_id, topic_name]
     if connection.vendor == "postgresql":
+        parts = ((models.Topic, "t"), (models.GroupMember, "m"))
+        bulk.read_ahead(bulk.joined_sql(parts, MEMBER_OF_TOPIC), params)
         group = find_group(group_name, lock=True, shared=True)
         if group is None:
             return None
-        pair = bulk.select_joined(
-            ((models.Topic, "t"), (models.GroupMember, "m")),
-            MEMBER_OF_TOPIC_IN_GROUP,
-            [group.id, member_id, topic_name],
-        )
+        pair = bulk.select_joined(parts, MEMBER_OF_TOPIC, params)
         if not pair:
             return None
         topic, member = pair[0]
@@ -329,7 +326,7 @@ def touch_member_of_topic(
         found = bulk.select_joined(
             ((models.Topic, "t"), (models.ConsumerGroup, "g"), (models.GroupMember, "m")),
             MEMBER_OF_TOPIC,
-            [group_name, member_id, topic_name],
+            params,
         )
         if not found:
             return None
