@@ -17,7 +17,10 @@ anyone can reproduce on the same machine:
 7. prints every figure with its ratio to the reference and the target (issue 12), and stops
    both servers by their PIDs (always).
 
-    .venv/bin/python bench/per_message.py [--scale 0.2] [--only consume,e2e]
+    .venv/bin/python bench/per_message.py [--scale 0.2] [--only consume,e2e] [--server uvicorn]
+
+--server uvicorn serves both apps under uvicorn instead of Daphne, for the side-by-side figures
+of docs/decisions/0018-daphne-stays.md.
 """
 
 import argparse
@@ -46,6 +49,7 @@ from produce_fetch import (
     free_port,
     progress,
     run_together,
+    server_command,
     setup_django,
     start_daphne,
     stop_daphne,
@@ -204,17 +208,8 @@ async def end_to_end(
     return sorted((arrived[i] - sent_at[i]) * 1000 for i in range(total))
 
 
-def start_bare(port: int, log_path: Path) -> subprocess.Popen[bytes]:
-    command = [
-        sys.executable,
-        "-m",
-        "daphne",
-        "-b",
-        "127.0.0.1",
-        "-p",
-        str(port),
-        "bare_asgi:application",
-    ]
+def start_bare(port: int, log_path: Path, server: str) -> subprocess.Popen[bytes]:
+    command = server_command(server, port, "bare_asgi:application")
     with open(log_path, "wb") as log_file:
         return subprocess.Popen(
             command, cwd=ROOT / "bench", stdout=log_file, stderr=subprocess.STDOUT
@@ -259,8 +254,8 @@ def run(args: argparse.Namespace, tmp: Path, fig: Figures) -> dict[str, float]:
     connections.close_all()
 
     bare_port, port = free_port(), free_port()
-    bare = start_bare(bare_port, tmp / "bare.log")
-    server = start_daphne(port, tmp / "daphne.log")
+    bare = start_bare(bare_port, tmp / "bare.log", args.server)
+    server = start_daphne(port, tmp / "daphne.log", server=args.server)
     try:
         bare_url, url = f"http://127.0.0.1:{bare_port}", f"http://127.0.0.1:{port}"
         wait_bare(bare_url, bare)
@@ -377,6 +372,13 @@ def main() -> int:
         default="produce,consume,e2e",
         help="comma-separated parts to run: produce (with the references), consume, e2e",
     )
+    parser.add_argument(
+        "--server",
+        choices=("daphne", "uvicorn"),
+        default="daphne",
+        help="serve Ferry and the bare app under Daphne (default, as Ferry runs) or uvicorn "
+        "(docs/decisions/0018-daphne-stays.md)",
+    )
     args = parser.parse_args()
     args.only = set(args.only.split(","))
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
@@ -387,6 +389,7 @@ def main() -> int:
     run(args, tmp, fig)
     print(f"\n== Per-message path ({database_description()}) ==")
     print(f"machine: {platform.node()} {platform.machine()}, {os.cpu_count()} cpus")
+    print(f"server : {args.server}")
     print(f"command: {command_line()}")
     width = max(len(name) for name, _, _ in fig.rows)
     for name, value, note in fig.rows:

@@ -237,29 +237,36 @@ def cleanup_fixtures(stamp: str, topic_names: list[str]) -> None:
 
 
 def start_daphne(
-    port: int, log_path: Path, background: bool = False, env: dict[str, str] | None = None
+    port: int,
+    log_path: Path,
+    background: bool = False,
+    env: dict[str, str] | None = None,
+    server: str = "daphne",
 ) -> subprocess.Popen[bytes]:
     """Daphne on 127.0.0.1:port; background=True runs its in-process jobs (the scheduler).
 
     env replaces the bench's own environment when given (FERRY_BACKGROUND_IN_PROCESS is set
-    either way).
+    either way). server="uvicorn" serves the same application under uvicorn instead, for
+    docs/decisions/0018-daphne-stays.md (a dev dependency; not how Ferry is run).
     """
     env = dict(os.environ if env is None else env)
     env["FERRY_BACKGROUND_IN_PROCESS"] = "1" if background else "0"
-    command = [
-        sys.executable,
-        "-m",
-        "daphne",
-        "-b",
-        "127.0.0.1",
-        "-p",
-        str(port),
-        "mqsite.asgi:application",
-    ]
+    command = server_command(server, port, "mqsite.asgi:application")
     with open(log_path, "wb") as log_file:
         return subprocess.Popen(
             command, cwd=ROOT, env=env, stdout=log_file, stderr=subprocess.STDOUT
         )
+
+
+def server_command(server: str, port: int, app: str) -> list[str]:
+    """The command serving app on 127.0.0.1:port under Daphne or uvicorn, access log on."""
+    if server == "uvicorn":
+        # Its pure-Python HTTP parser (h11) and the websockets library Ferry already pins.
+        return [
+            *(sys.executable, "-m", "uvicorn", "--host", "127.0.0.1", "--port", str(port)),
+            *("--http", "h11", "--ws", "websockets", "--loop", "asyncio", app),
+        ]
+    return [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), app]
 
 
 def stop_daphne(proc: subprocess.Popen[bytes]) -> None:
