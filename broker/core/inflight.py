@@ -305,11 +305,14 @@ def save_recomputed(rows: dict[OffsetKey, models.GroupOffset], *, read_back: boo
     )
 
 
-def recompute_committed(rows: dict[OffsetKey, models.GroupOffset]) -> None:
+def recompute_committed(
+    rows: dict[OffsetKey, models.GroupOffset], *, read_back: bool = True
+) -> None:
     """Set each row's committed offset to its lowest in-flight offset, or its delivered offset.
 
-    Without anything in flight, a position a plain (non-member) poll moved on stands. Caller
-    holds the rows' locks (locked_offsets).
+    Without anything in flight, a position a plain (non-member) poll moved on stands. Without
+    read_back the rows keep their committed offsets in memory and the statement is deferred
+    (as in save_recomputed). Caller holds the rows' locks (locked_offsets).
     """
     if rows:
-        _write_committed(RECOMPUTE_COMMITTED, rows)
+        _write_committed(RECOMPUTE_COMMITTED, rows, read_back=read_back)

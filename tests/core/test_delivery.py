@@ -496,7 +496,7 @@ STATEMENTS = {
 # included, the test's savepoint pair not): statements deferred with bulk.defer share the
 # next one's pipeline, or the COMMIT's, and reads announced with bulk.read_ahead the
 # previous one's (the member's with its group's lock, the ack's runs with their offsets' lock).
-ROUND_TRIPS = {"ack": 4, "deliver": 4, "ack_and_deliver": 4}
+ROUND_TRIPS = {"ack": 3, "deliver": 4, "ack_and_deliver": 4}
 
 
 def test_ack_and_deliver__statements(topic_factory, console, monkeypatch):

@@ -293,7 +293,8 @@ def ack_in_transaction(
         ]
     )
     if defer_committed is None:
-        inflight.recompute_committed(settling.offsets)
+        # Written with the COMMIT on PostgreSQL, unless the caller reads the rows afterwards.
+        inflight.recompute_committed(settling.offsets, read_back=locked is not None)
     else:
         defer_committed.update(settling.offsets)
     if locked is not None:
