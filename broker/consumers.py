@@ -993,6 +993,7 @@ class BrokerConsumer(AsyncWebsocketConsumer):
         await self._assigned(s, info)
 
     async def _assigned(self, s: Subscription, info: MemberInfo) -> None:
+        s.seen_generation = 0  # learnt (a group made again starts its generations over)
         if (info.generation, info.partitions) == (s.generation, s.partitions):
             return
         s.generation, s.partitions = info.generation, info.partitions
