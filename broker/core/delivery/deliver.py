@@ -445,9 +445,10 @@ class _Batch:
             models.InFlight.objects.filter(id__in=[r.id for r in self.redelivered]).delete()
             self.deleted = self.deleted or bool(self.redelivered)
         else:
-            models.InFlight.objects.bulk_update(
-                self.redelivered, ["state", "attempt", "member_id", "token", "deadline_ms"]
-            )
+            if self.redelivered:  # the ORM's checks cost even for none
+                models.InFlight.objects.bulk_update(
+                    self.redelivered, ["state", "attempt", "member_id", "token", "deadline_ms"]
+                )
             bulk.insert_rows("broker_inflight", inflight.IN_FLIGHT_COLUMNS, self.new_rows)
         trace.record(self.events)
 
