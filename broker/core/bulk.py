@@ -47,7 +47,7 @@ def run(sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         found = _take_read(db, sql, params)
         if found is not None:
             return found
-        pending, ahead = _take_deferred(db), _take_ahead(db)
+        pending, ahead = _take(db, "ferry_deferred"), _take(db, "ferry_ahead")
         if pending or ahead:
             results = _pipeline(db, [*pending, (sql, params), *ahead])
             if ahead:
@@ -84,15 +84,8 @@ def defer(sql: str, params: Sequence[Any] = ()) -> None:
     if db.vendor == "sqlite" or not db.in_atomic_block:
         run(sql, params)
         return
-    if db.connection is None:
-        db.ensure_connection()
-    _hook_deferred(None, db)  # a connection made before this module was imported, too
     db.ferry_read = None  # a read announced before this write would not see it
-    held: tuple[Any, list[tuple[str, Sequence[Any]]]] | None = getattr(db, "ferry_deferred", None)
-    if held is None or held[0] is not db.connection:
-        held = (db.connection, [])
-        db.ferry_deferred = held
-    held[1].append((sql, params))
+    _hold(db, "ferry_deferred", (sql, params))
 
 
 def read_ahead(sql: str, params: Sequence[Any] = ()) -> None:
@@ -110,20 +103,29 @@ def read_ahead(sql: str, params: Sequence[Any] = ()) -> None:
     db: Any = connections[DEFAULT_DB_ALIAS]
     if db.vendor == "sqlite" or not db.in_atomic_block:
         return
+    _hold(db, "ferry_ahead", (sql, tuple(params)))
+
+
+def _hold(db: Any, name: str, statement: tuple[str, Sequence[Any]]) -> None:
+    """Keep a statement for later on this connection, in the list db.<name>: what defer()
+    ("ferry_deferred") or read_ahead() ("ferry_ahead") holds."""
     if db.connection is None:
         db.ensure_connection()
-    _hook_deferred(None, db)
-    held: tuple[Any, list[tuple[str, tuple[Any, ...]]]] | None = getattr(db, "ferry_ahead", None)
+    _hook_deferred(None, db)  # a connection made before this module was imported, too
+    held: tuple[Any, list[tuple[str, Sequence[Any]]]] | None = getattr(db, name, None)
     if held is None or held[0] is not db.connection:
-        held = db.ferry_ahead = (db.connection, [])
-    held[1].append((sql, tuple(params)))
+        held = (db.connection, [])
+        setattr(db, name, held)
+    held[1].append(statement)
 
 
-def _take_ahead(db: Any) -> list[tuple[str, Sequence[Any]]]:
-    held = getattr(db, "ferry_ahead", None)
+def _take(db: Any, name: str) -> list[tuple[str, Sequence[Any]]]:
+    """What _hold() kept in db.<name>, taken. Kept for a connection since lost, nothing: it
+    went with that connection's transaction."""
+    held = getattr(db, name, None)
     if not held:
         return []
-    db.ferry_ahead = None
+    setattr(db, name, None)
     return held[1] if held[0] is db.connection else []
 
 
@@ -151,18 +153,9 @@ def flush_deferred(db: Any) -> None:
     """Send what defer() holds on this connection now, before a statement of another kind
     (which also drops what read_ahead() announced or found)."""
     _forget_reads(db)
-    pending = _take_deferred(db)
+    pending = _take(db, "ferry_deferred")
     if pending:
         _pipeline(db, pending)
-
-
-def _take_deferred(db: Any) -> list[tuple[str, Sequence[Any]]]:
-    held = getattr(db, "ferry_deferred", None)
-    if not held:
-        return []
-    db.ferry_deferred = None
-    # Deferred on a connection since lost: they went with its transaction.
-    return held[1] if held[0] is db.connection else []
 
 
 def _pipeline(
@@ -221,7 +214,7 @@ def _hook_deferred(sender: Any, connection: Any, **kwargs: Any) -> None:
 
     def flushed_commit() -> None:
         _forget_reads(connection)
-        pending = _take_deferred(connection)
+        pending = _take(connection, "ferry_deferred")
         if pending:
             _pipeline(connection, pending, then=commit)  # and the COMMIT: one round trip
         else:
