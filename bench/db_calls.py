@@ -12,7 +12,11 @@ embedded default, or on PostgreSQL under scripts/with-postgres.
    flush), the delivery of that message, its ack: what an end-to-end subscriber costs with
    FERRY_WS_ACK_HOLD_MS=0;
 4. end to end, ack held: the group commit, then one `ack_and_deliver` that settles the last
-   message and delivers the new one: what it costs with the ack held for the next push.
+   message and delivers the new one: what it costs with the ack held for the next push;
+5. group commits of 1, 2 and 8 produce requests of 100 keyed 256-byte messages on a
+   4-partition topic: CPU per commit and per message, the fixed cost of a commit against its
+   cost per message (issue 18: spread over more processes, each commit groups fewer
+   requests).
 
     .venv/bin/python bench/db_calls.py [--calls 3000]
 """
@@ -144,6 +148,28 @@ def run(calls: int) -> list[tuple[str, dict[str, float]]]:
     return results
 
 
+def group_commits(calls: int) -> list[tuple[int, float]]:
+    """(requests per commit, µs of CPU per commit) for commits of 1, 2 and 8 requests of 100."""
+    from broker.core import groupcommit, keys, topics
+    from broker.core.records import NewMessage
+
+    topic = f"bench-calls-commits-{os.getpid()}-{time.time_ns()}"
+    topics.create_topic(keys.CONSOLE, topic, 4)
+    value = b'"' + b"x" * 254 + b'"'
+    out = []
+    for requests in (1, 2, 8):
+        progress(f"group commits of {requests} request(s) of 100: {calls}")
+        batches = [
+            (keys.CONSOLE, topic, [NewMessage(value=value, key=f"k{r}-{i}") for i in range(100)])
+            for r in range(requests)
+        ]
+        timings: dict[str, float] = {}
+        for _ in range(calls):
+            cpu_us(timings, "commit", groupcommit.append_batches, batches)
+        out.append((requests, timings["commit"] / calls * 1e6))
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=3000, help="calls per part (default 3000)")
@@ -158,6 +184,11 @@ def main() -> int:
         parts = ", ".join(f"{name} {t / args.calls * 1e6:.0f}" for name, t in timings.items())
         total = sum(timings.values()) / args.calls * 1e6
         print(f"{label:<28} {total:6.0f} µs CPU per message ({parts})")
+    for requests, per_commit in group_commits(max(20, args.calls // 20)):
+        print(
+            f"group commit of {requests} x 100    {per_commit:6.0f} µs CPU per commit, "
+            f"{per_commit / (100 * requests):.1f} per message"
+        )
     return 0
 
 
