@@ -1,8 +1,9 @@
 """The database calls of the per-message path, alone: CPU per call, in this process.
 
-Not part of the test suite (STYLE.md §6). Without a server, a socket or a second thread, the
-figures are steady to a few percent from run to run, where bench/per_message.py's swing by a
-tenth: this is how a change to the core's statements is measured (docs/benchmarks.md). On the
+Not part of the test suite (STYLE.md §6). Without a server or a socket (an event loop in a
+thread of its own stands in for the server's, to take the wake-ups commits send), the figures
+are steady to a few percent from run to run, where bench/per_message.py's swing by a tenth:
+this is how a change to the core's statements is measured (docs/benchmarks.md). On the
 embedded default, or on PostgreSQL under scripts/with-postgres.
 
 1. ack and push: `delivery.ack_and_deliver` of one message that delivers the next, as the

@@ -42,9 +42,9 @@ def receipt(token: str, partition_id: int, offset: int) -> str:
     return f"{token}.{partition_id:x}.{offset:x}"
 
 
-# One match for the whole receipt: a settlement parses each of its receipts two or three times
-# (validation, the partitions to lock, the runs they name, read ahead), so the answers for the
-# last few thousand are kept.
+# One match for the whole receipt. A settlement parses each of its receipts several times
+# (validation, the partitions to lock, the runs read ahead, the runs they name), so the answers
+# for the last few thousand are kept.
 _RECEIPT = re.compile(r"([0-9a-f]{1,16})\.([0-9a-f]{1,16})\.([0-9a-f]{1,16})")
 RECEIPT_PATTERN_MAX = 50  # the longest string _RECEIPT can match
 
