@@ -149,6 +149,12 @@ def _forget_reads(db: Any) -> None:
     db.ferry_ahead = db.ferry_read = None
 
 
+def _drop_held(db: Any) -> None:
+    """Forget everything held on the connection: its transaction is over without a COMMIT."""
+    db.ferry_deferred = None
+    _forget_reads(db)
+
+
 def flush_deferred(db: Any) -> None:
     """Send what defer() holds on this connection now, before a statement of another kind
     (which also drops what read_ahead() announced or found)."""
@@ -221,13 +227,11 @@ def _hook_deferred(sender: Any, connection: Any, **kwargs: Any) -> None:
             commit()
 
     def dropped_rollback() -> None:
-        connection.ferry_deferred = None
-        _forget_reads(connection)
+        _drop_held(connection)
         rollback()
 
     def dropped_close() -> None:
-        connection.ferry_deferred = None  # a pooled connection comes back as the same object
-        _forget_reads(connection)
+        _drop_held(connection)  # a pooled connection comes back as the same object
         close()
 
     connection._commit = flushed_commit
@@ -383,10 +387,14 @@ def select_models(model: type[M], where: str, params: Sequence[Any]) -> list[M]:
 
 def joined_sql(parts: Sequence[tuple[type[Model], str]], tail: str) -> str:
     """The statement select_joined(parts, tail, ...) runs (for read_ahead())."""
+    return _joined_sql(tuple(parts), tail, connection.vendor)
+
+
+@functools.cache
+def _joined_sql(parts: tuple[tuple[type[Model], str], ...], tail: str, vendor: str) -> str:
+    # Built once per statement: a delivery on PostgreSQL names it twice (read ahead, then run).
     columns = ", ".join(
-        f'{alias}."{column}"'
-        for model, alias in parts
-        for column in _select_plan(model, connection.vendor)[3]
+        f'{alias}."{column}"' for model, alias in parts for column in _select_plan(model, vendor)[3]
     )
     # tail and the columns come from the callers' constants and the models, never input.
     return f"SELECT {columns} {tail}"
