@@ -17,6 +17,8 @@ from django.db.models import Model
 from django.utils import timezone
 from psycopg import pq
 
+from broker.core import pgwire
+
 # SQLite allows 32766 parameters per statement; a few hundred rows per INSERT is the sweet spot.
 SQLITE_MAX_PARAMETERS = 32766
 MAX_ROWS_PER_INSERT = 500
@@ -55,6 +57,8 @@ def run(sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
                 db.ferry_read = (db.connection, found_ahead)
             return results[len(pending)]
     raw = db.connection
+    if db.vendor != "sqlite" and pgwire.usable(db):
+        return _wire(db, [(sql, params)])[0]
     logged = db.queries_logged
     started = time.monotonic() if logged else 0.0
     with db.wrap_database_errors:
@@ -169,7 +173,9 @@ def _pipeline(
     statements: Sequence[tuple[str, Sequence[Any]]],
     then: Callable[[], None] | None = None,
 ) -> list[list[Any]]:
-    """The statements in one pipeline, then (in it) `then`, the COMMIT's own call."""
+    """The statements in one round trip, then (in it) `then`, the COMMIT's own call."""
+    if pgwire.usable(db):
+        return _wire(db, statements, commit=then is not None)
     raw = db.connection
     logged = db.queries_logged
     started = time.monotonic() if logged else 0.0
@@ -191,6 +197,24 @@ def _pipeline(
     return found
 
 
+def _wire(
+    db: Any, statements: Sequence[tuple[str, Sequence[Any]]], commit: bool = False
+) -> list[list[Any]]:
+    """pgwire.execute, its errors as Django's, its statements (and COMMIT) logged as Django's
+    cursor logs them."""
+    logged = db.queries_logged
+    started = time.monotonic() if logged else 0.0
+    try:
+        with db.wrap_database_errors:
+            return pgwire.execute(db, statements, commit=commit)
+    finally:
+        if logged:
+            took = f"{time.monotonic() - started:.3f}"
+            db.queries_log.extend({"sql": sql, "time": took} for sql, _ in statements)
+            if commit:
+                db.queries_log.append({"sql": "COMMIT", "time": took})
+
+
 def _rows(cursor: Any) -> list[Any]:
     """A psycopg cursor's rows, if its statement returns any.
 
@@ -206,7 +230,8 @@ def _rows(cursor: Any) -> list[Any]:
 def _flush_first(
     execute: Callable[..., Any], sql: str, params: Any, many: bool, context: dict[str, Any]
 ) -> Any:
-    flush_deferred(context["connection"])
+    db = context["connection"]
+    flush_deferred(db)
     return execute(sql, params, many, context)
 
 
@@ -221,7 +246,7 @@ def _hook_deferred(sender: Any, connection: Any, **kwargs: Any) -> None:
     def flushed_commit() -> None:
         _forget_reads(connection)
         pending = _take(connection, "ferry_deferred")
-        if pending:
+        if pending or (connection.connection is not None and pgwire.usable(connection)):
             _pipeline(connection, pending, then=commit)  # and the COMMIT: one round trip
         else:
             commit()

@@ -1,0 +1,242 @@
+"""The hot paths' PostgreSQL statements straight through libpq, in one pipeline.
+
+psycopg's cursor costs about 45 µs of CPU per statement on this machine beside libpq's own
+few: a cursor object, generators stepped by its wait loop, its pipeline's bookkeeping
+(docs/benchmarks.md). An ack and push runs nine statements in four round trips, so bulk.run
+and its pipelines send theirs here: the protocol messages psycopg would send (BEGIN when a
+transaction starts, parameters bound by the server, a statement prepared once it has run
+prepare_threshold times on the connection), the connection's own adapters to dump parameters
+and load rows (psycopg's Transformer), and psycopg's exception for the server's SQLSTATE,
+which Django then wraps as it wraps its own.
+
+Which statements are prepared is psycopg's own record of the connection (its PrepareManager,
+`_prepared`, as its cursors use it): one cache and one naming for both, which psycopg empties
+with a DEALLOCATE ALL after a rollback or DDL and trims to its prepared_max. That attribute is
+not psycopg's public API; psycopg is pinned, and tests/core/test_pgwire.py covers each use.
+docs/decisions/0019-statements-through-libpq.md says why.
+"""
+
+import functools
+import re
+import select
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+from psycopg import errors as pg_errors
+from psycopg import pq
+from psycopg._preparing import Prepare
+from psycopg.adapt import AdaptersMap, PyFormat, Transformer
+from psycopg.types.numeric import Int8BinaryDumper
+
+_PLACEHOLDER = re.compile(r"%(.)", re.DOTALL)
+
+
+@functools.lru_cache(maxsize=4096)
+def native(sql: str) -> bytes:
+    """sql with psycopg's "%s" placeholders as $1, $2, ... and "%%" as "%"."""
+    count = 0
+
+    def number(match: re.Match[str]) -> str:
+        nonlocal count
+        if match.group(1) == "%":
+            return "%"
+        if match.group(1) != "s":
+            raise ValueError(f"only %s placeholders here: {sql!r}")
+        count += 1
+        return f"${count}"
+
+    return _PLACEHOLDER.sub(number, sql).encode()
+
+
+class _Int8Context:
+    """The connection's adapters, but every int sent as a bigint.
+
+    psycopg sends an int as the smallest type that holds it (smallint, integer, bigint), so a
+    statement would be prepared once per size of its numbers (an offset passing 32767, then
+    2**31). Compared with or stored into an integer column, a bigint parameter works the same.
+    """
+
+    def __init__(self, raw: Any) -> None:
+        self.connection = raw
+        self.adapters = AdaptersMap(raw.adapters)
+        self.adapters.register_dumper(int, Int8BinaryDumper)
+
+
+class _Session:
+    """What this module keeps for one psycopg connection."""
+
+    __slots__ = ("raw", "readable", "transformer", "writable")
+
+    def __init__(self, raw: Any) -> None:
+        self.raw = raw
+        self.transformer = Transformer(_Int8Context(raw))
+        # poll, not select: a server with a thousand clients has sockets past select's 1024.
+        self.readable, self.writable = select.poll(), select.poll()
+        self.readable.register(raw.pgconn.socket, select.POLLIN)
+        self.writable.register(raw.pgconn.socket, select.POLLIN | select.POLLOUT)
+
+
+def _session(db: Any) -> _Session:
+    session: _Session | None = getattr(db, "ferry_wire", None)
+    if session is None or session.raw is not db.connection:
+        session = _Session(db.connection)
+        db.ferry_wire = session
+    return session
+
+
+class _Query(NamedTuple):
+    """What psycopg's PrepareManager reads of a query: its text and its parameters' types."""
+
+    query: bytes
+    types: tuple[int, ...]
+
+
+# Per result (one per command sent): the statement's index and what to tell psycopg's
+# PrepareManager of it (None: nothing, the statement was not new to it); or None for a
+# PREPARE, BEGIN or COMMIT.
+_Expected = tuple[int, tuple[Any, Prepare, bytes] | None] | None
+
+
+def usable(db: Any) -> bool:
+    """Whether db's statements may come here: parameters bound by the server (off with
+    FERRY_PG_PREPARE_THRESHOLD=0) and transactions that start with a plain BEGIN."""
+    raw = db.connection
+    return bool(
+        db.settings_dict["OPTIONS"].get("server_side_binding")
+        and raw.isolation_level is None
+        and raw.read_only is None
+        and raw.deferrable is None
+    )
+
+
+def execute(
+    db: Any, statements: Sequence[tuple[str, Sequence[Any]]], commit: bool = False
+) -> list[list[tuple[Any, ...]]]:
+    """Run statements in one round trip, then COMMIT if commit; each statement's rows.
+
+    db is Django's connection (PostgreSQL, connected, usable()). The first error the server
+    reports is raised, as psycopg raises it, once the round trip is over; the transaction is
+    then failed (in autocommit, the statement did nothing).
+    """
+    session = _session(db)
+    raw, tx = session.raw, session.transformer
+    pgconn = raw.pgconn
+    idle = pgconn.transaction_status == pq.TransactionStatus.IDLE
+    if not statements and idle:
+        return []  # a COMMIT with no transaction begun: psycopg sends nothing either
+    cache = raw._prepared  # psycopg's own record: see the module's doc
+    expected: list[_Expected] = []
+    synced = collected = False
+    pgconn.enter_pipeline_mode()
+    try:
+        if idle and not raw.autocommit:
+            pgconn.send_query_params(b"BEGIN", None)
+            expected.append(None)
+        for index, (sql, params) in enumerate(statements):
+            if params:
+                values = tx.dump_sequence(params, [PyFormat.AUTO] * len(params))
+                query = _Query(native(sql), tuple(tx.types or ()))
+                formats = tx.formats
+            else:
+                values, query, formats = None, _Query(native(sql), ()), None
+            prep, name = cache.get(query)
+            if prep is Prepare.NO:
+                pgconn.send_query_params(
+                    query.query, values, param_types=query.types, param_formats=formats
+                )
+            else:
+                if prep is Prepare.SHOULD:
+                    pgconn.send_prepare(name, query.query, param_types=query.types)
+                    expected.append(None)
+                pgconn.send_query_prepared(name, values, param_formats=formats)
+            key = cache.maybe_add_to_cache(query, prep, name)
+            if key is None and prep is Prepare.SHOULD:
+                key = cache.key(query)  # checked too: an aborted PREPARE must not count
+            expected.append((index, None if key is None else (key, prep, name)))
+        if commit:
+            pgconn.send_query_params(b"COMMIT", None)
+            expected.append(None)
+        pgconn.pipeline_sync()
+        synced = True
+        _flush(session)
+        found, error = _collect(session, expected, len(statements))
+        collected = True
+    finally:
+        _leave_pipeline(session, synced, collected)
+    if error is not None:
+        raise error
+    if cache._to_flush:  # past prepared_max: DEALLOCATE the oldest, as psycopg
+        raw.wait(cache.maintain_gen(raw))
+    return found
+
+
+def _flush(session: _Session) -> None:
+    """Send what libpq buffered (the connection is non-blocking, as psycopg sets it)."""
+    pgconn = session.raw.pgconn
+    while pgconn.flush():
+        session.writable.poll()
+        pgconn.consume_input()  # the server may be answering while we still send
+
+
+def _result(session: _Session) -> Any:
+    """libpq's next result, waiting for it."""
+    pgconn = session.raw.pgconn
+    while pgconn.is_busy():
+        session.readable.poll()
+        pgconn.consume_input()
+    return pgconn.get_result()
+
+
+def _collect(
+    session: _Session, expected: list[_Expected], count: int
+) -> tuple[list[list[tuple[Any, ...]]], Exception | None]:
+    """Each statement's rows, up to the pipeline's end; and the first error, if any."""
+    raw, tx = session.raw, session.transformer
+    found: list[list[tuple[Any, ...]]] = [[] for _ in range(count)]
+    error: Exception | None = None
+    for what in expected:
+        result = _result(session)
+        while _result(session) is not None:  # a command's results end with a None
+            pass
+        status = result.status
+        if status == pq.ExecStatus.FATAL_ERROR and error is None:
+            error = pg_errors.error_from_result(result, encoding=raw.info.encoding)
+        if what is None:
+            continue
+        index, new = what
+        if new is not None:
+            # Kept as prepared only if it ran (an aborted pipeline skipped its PREPARE).
+            raw._prepared.validate(*new, [result])
+        if status == pq.ExecStatus.TUPLES_OK and result.ntuples:
+            tx.set_pgresult(result)
+            found[index] = tx.load_rows(0, result.ntuples, tuple)
+    sync = _result(session)
+    if sync is None or sync.status != pq.ExecStatus.PIPELINE_SYNC:
+        raise pg_errors.InternalError("the pipeline's results ended out of order")
+    return found, error
+
+
+def _leave_pipeline(session: _Session, synced: bool, collected: bool) -> None:
+    """Leave pipeline mode with nothing left to read, whatever stopped the round trip: psycopg
+    must find the connection idle (or failed in a transaction), not in the middle of results.
+    A connection that broke is left as it is; the error raised says so."""
+    pgconn = session.raw.pgconn
+    if pgconn.status != pq.ConnStatus.OK:
+        return
+    try:
+        if not synced:
+            pgconn.pipeline_sync()
+            _flush(session)
+        if not collected:
+            nones = 0
+            while nones < 2:  # a command's results end with one None; two: nothing is left
+                result = _result(session)
+                if result is None:
+                    nones += 1
+                elif result.status == pq.ExecStatus.PIPELINE_SYNC:
+                    break
+                else:
+                    nones = 0
+        pgconn.exit_pipeline_mode()
+    except Exception:  # noqa: S110 -- broken meanwhile; the first error is the one raised
+        pass

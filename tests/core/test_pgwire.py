@@ -1,0 +1,172 @@
+"""The hot paths' statements straight through libpq (core/pgwire.py), on PostgreSQL."""
+
+import hashlib
+import os
+from typing import Any
+
+import pytest
+from django.db import DataError, IntegrityError, connection, transaction
+
+from broker import models
+from broker.core import bulk, groups, pgwire
+
+HELD = "SELECT count(*) FROM pg_prepared_statements WHERE statement = %s"
+SET_TIMEOUT = "UPDATE broker_consumergroup SET session_timeout_ms = %s WHERE name = %s"
+TIMEOUT_OF = "SELECT session_timeout_ms FROM broker_consumergroup WHERE name = %s"
+
+
+@pytest.fixture(autouse=True)
+def _postgresql_only():
+    if connection.vendor != "postgresql":
+        pytest.skip("pgwire is the PostgreSQL driver path")
+
+
+def _held(sql: str) -> int:
+    """How many prepared statements of the session are sql, asked through Django's cursor."""
+    with connection.cursor() as cursor:
+        cursor.execute(HELD, [pgwire.native(sql).decode()])
+        return int(cursor.fetchone()[0])
+
+
+def _threshold() -> int:
+    return int(connection.settings_dict["OPTIONS"]["prepare_threshold"])
+
+
+def test_native__numbers_placeholders_and_unescapes_percent():
+    assert pgwire.native("SELECT %s, %s WHERE x LIKE 'a%%'") == b"SELECT $1, $2 WHERE x LIKE 'a%'"
+    with pytest.raises(ValueError, match="only %s"):
+        pgwire.native("SELECT %(name)s")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_run__dumps_and_loads_as_djangos_cursor_does():
+    sql = "SELECT %s::bigint, %s::text, %s::bytea, %s::boolean, %s::text, %s::jsonb"
+    params: list[Any] = [2**40, "zé", b"\x00\xff", True, None, '{"a": 1}']
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        expected = cursor.fetchall()
+    assert bulk.run(sql, params) == expected
+    assert bulk.run("SELECT 1 WHERE false") == []
+    assert bulk.run(SET_TIMEOUT, [1, "nobody"]) == []
+
+
+def _write_then_fail(timeout: int, name: str) -> None:
+    with transaction.atomic():
+        bulk.run(SET_TIMEOUT, [timeout, name])
+        raise RuntimeError
+
+
+@pytest.mark.django_db(transaction=True)
+def test_statements__prepared_once_run_threshold_times_and_again_after_a_rollback(console):
+    groups.configure_group(console, "g-wire")
+    for _ in range(_threshold()):
+        assert bulk.run(TIMEOUT_OF, ["g-wire"]) == [(45_000,)]
+    assert _held(TIMEOUT_OF) == 0
+    assert bulk.run(TIMEOUT_OF, ["g-wire"]) == [(45_000,)]
+    assert _held(TIMEOUT_OF) == 1
+    # A rollback: psycopg deallocates every prepared statement of the session, its own and
+    # these (one record for both); the next runs prepare again, with no error.
+    with pytest.raises(RuntimeError):
+        _write_then_fail(1, "g-wire")
+    assert _held(TIMEOUT_OF) == 0
+    for _ in range(_threshold() + 1):
+        assert bulk.run(TIMEOUT_OF, ["g-wire"]) == [(45_000,)]
+    assert _held(TIMEOUT_OF) == 1
+    # A savepoint's rollback too.
+    with transaction.atomic():
+        with pytest.raises(RuntimeError):
+            _write_then_fail(2, "g-wire")
+        for _ in range(_threshold() + 1):
+            assert bulk.run(TIMEOUT_OF, ["g-wire"]) == [(45_000,)]
+    assert _held(TIMEOUT_OF) == 1
+    # Through psycopg's own cursor: the record is psycopg's, so it knows these are gone.
+    connection.connection.execute("DEALLOCATE ALL")
+    for _ in range(_threshold() + 1):
+        assert bulk.run(TIMEOUT_OF, ["g-wire"]) == [(45_000,)]
+    assert _held(TIMEOUT_OF) == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_prepare_in_an_aborted_pipeline__not_counted_as_prepared(console):
+    groups.configure_group(console, "g-abort")
+    for _ in range(_threshold()):
+        bulk.run(TIMEOUT_OF, ["g-abort"])
+
+    def fail_then_read() -> None:
+        with transaction.atomic():
+            bulk.defer("SELECT 1/0")  # fails first: the PREPARE after it never runs
+            bulk.run(TIMEOUT_OF, ["g-abort"])
+
+    with pytest.raises(DataError):
+        fail_then_read()
+    assert _held(TIMEOUT_OF) == 0
+    # Not taken for prepared ("prepared statement ... does not exist"): run, then prepared.
+    for _ in range(_threshold() + 1):
+        assert bulk.run(TIMEOUT_OF, ["g-abort"]) == [(45_000,)]
+    assert _held(TIMEOUT_OF) == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_error_in_a_pipeline__raised_as_djangos_and_nothing_of_it_stays(console):
+    groups.configure_group(console, "g-error")
+    group_id = models.ConsumerGroup.objects.get(name="g-error").id
+    duplicate = "INSERT INTO broker_consumergroup (id, name, session_timeout_ms) VALUES (%s, %s, 1)"
+
+    def defer_then_insert_a_duplicate() -> None:
+        with transaction.atomic():
+            bulk.defer(SET_TIMEOUT, [5, "g-error"])  # goes first, in the same round trip
+            bulk.run(duplicate, [group_id, "g-error-2"])
+
+    with pytest.raises(IntegrityError):
+        defer_then_insert_a_duplicate()
+    # The transaction rolled back whole, and the connection works on.
+    assert bulk.run(TIMEOUT_OF, ["g-error"]) == [(45_000,)]
+    with transaction.atomic():
+        bulk.defer(SET_TIMEOUT, [6, "g-error"])
+    assert bulk.run(TIMEOUT_OF, ["g-error"]) == [(6,)]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_value_larger_than_the_sockets_buffers__sent_whole():
+    value = bytes(range(256)) * (8 * 1024 * 1024 // 256)
+    assert bulk.run("SELECT length(%s::bytea), md5(%s::bytea)", [value, value]) == [
+        (len(value), hashlib.md5(value).hexdigest())
+    ]
+
+
+def test_usable__only_with_server_side_binding_and_a_plain_begin():
+    class Raw:
+        isolation_level = read_only = deferrable = None
+
+    class Db:
+        connection = Raw()
+        settings_dict = {"OPTIONS": {"server_side_binding": True}}
+
+    assert pgwire.usable(Db())
+    Db.settings_dict = {"OPTIONS": {}}  # FERRY_PG_PREPARE_THRESHOLD=0: client-side binding
+    assert not pgwire.usable(Db())
+    Db.settings_dict = {"OPTIONS": {"server_side_binding": True}}
+    Raw.read_only = True
+    assert not pgwire.usable(Db())
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_connection_whose_socket_is_past_1024__works():
+    # A server with a thousand WebSocket clients: select() cannot wait on such a socket.
+    held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    try:
+        for _ in range(50):  # a new session: pooled ones opened before still have low numbers
+            connection.ensure_connection()
+            if connection.connection.pgconn.socket > 1024:
+                break
+            connection.connection.close()  # the pool drops a closed one
+            connection.close()
+        assert connection.connection.pgconn.socket > 1024
+        assert bulk.run("SELECT %s::int + 1", [41]) == [(42,)]
+        with transaction.atomic():
+            bulk.defer("SELECT 1")
+            assert bulk.run("SELECT %s::text", ["x" * 1_000_000]) == [("x" * 1_000_000,)]
+    finally:
+        connection.close()
+        for fd in held:
+            os.close(fd)
