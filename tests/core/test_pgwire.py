@@ -170,3 +170,19 @@ def test_a_connection_whose_socket_is_past_1024__works():
         connection.close()
         for fd in held:
             os.close(fd)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_past_prepared_max__the_oldest_deallocated_as_psycopg_does():
+    connection.ensure_connection()
+    raw = connection.connection
+    kept = raw.prepared_max
+    raw.prepared_max = 2
+    sqls = [f"SELECT %s::int + {n}" for n in range(4)]
+    try:
+        for sql in sqls:
+            for _ in range(_threshold() + 1):
+                assert bulk.run(sql, [1]) == [(1 + sqls.index(sql),)]
+        assert [_held(sql) for sql in sqls] == [0, 0, 1, 1]
+    finally:
+        raw.prepared_max = kept
