@@ -35,7 +35,8 @@ def run(sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
     Straight through the driver, for the statements of every produce, delivery and
     settlement: a Django cursor per statement (its wrappers, the connection's thread-local
     lookups and, on SQLite, a regex rewrite of the placeholders on every call) cost about a
-    quarter of a prefetch-2 ack and push on SQLite (docs/benchmarks.md). What Django's cursor
+    quarter of a prefetch-2 ack and push on SQLite (docs/benchmarks.md); on PostgreSQL it goes
+    below psycopg's cursor too, to libpq (pgwire, ADR 0019). What Django's cursor
     gives that matters is kept: its exceptions (IntegrityError, OperationalError, ...) and, when
     queries are logged (DEBUG, CaptureQueriesContext), the statement in connection.queries.
     A write needs the caller's transaction: outages.py does not see writes in autocommit here.
@@ -173,7 +174,8 @@ def _pipeline(
     statements: Sequence[tuple[str, Sequence[Any]]],
     then: Callable[[], None] | None = None,
 ) -> list[list[Any]]:
-    """The statements in one round trip, then (in it) `then`, the COMMIT's own call."""
+    """The statements in one round trip, then (in it) `then`, the COMMIT's own call; through
+    pgwire, which sends the COMMIT itself, when the connection allows it."""
     if pgwire.usable(db):
         return _wire(db, statements, commit=then is not None)
     raw = db.connection
@@ -230,8 +232,7 @@ def _rows(cursor: Any) -> list[Any]:
 def _flush_first(
     execute: Callable[..., Any], sql: str, params: Any, many: bool, context: dict[str, Any]
 ) -> Any:
-    db = context["connection"]
-    flush_deferred(db)
+    flush_deferred(context["connection"])
     return execute(sql, params, many, context)
 
 
@@ -246,6 +247,7 @@ def _hook_deferred(sender: Any, connection: Any, **kwargs: Any) -> None:
     def flushed_commit() -> None:
         _forget_reads(connection)
         pending = _take(connection, "ferry_deferred")
+        # With pgwire even a bare COMMIT goes through it: psycopg's commit() costs more CPU.
         if pending or (connection.connection is not None and pgwire.usable(connection)):
             _pipeline(connection, pending, then=commit)  # and the COMMIT: one round trip
         else:

@@ -196,6 +196,8 @@ def _collect(
     error: Exception | None = None
     for what in expected:
         result = _result(session)
+        if result is None:
+            raise pg_errors.InternalError("the pipeline ended before its results")
         while _result(session) is not None:  # a command's results end with a None
             pass
         status = result.status
