@@ -179,23 +179,16 @@ def _pipeline(
     if pgwire.usable(db):
         return _wire(db, statements, commit=then is not None)
     raw = db.connection
-    logged = db.queries_logged
-    started = time.monotonic() if logged else 0.0
-
-    def log() -> None:
-        if logged:
-            took = f"{time.monotonic() - started:.3f}"
-            db.queries_log.extend({"sql": sql, "time": took} for sql, _ in statements)
-
+    started = time.monotonic() if db.queries_logged else 0.0
     with db.wrap_database_errors:
         with raw.pipeline():
             cursors = [raw.execute(sql, params) for sql, params in statements]
             if then is not None:
-                log()  # before the COMMIT, which logs itself, as they go
+                _log(db, statements, started)  # before the COMMIT, which logs itself
                 then()
         found = [_rows(c) for c in cursors]
     if then is None:
-        log()
+        _log(db, statements, started)
     return found
 
 
@@ -204,17 +197,20 @@ def _wire(
 ) -> list[list[Any]]:
     """pgwire.execute, its errors as Django's, its statements (and COMMIT) logged as Django's
     cursor logs them."""
-    logged = db.queries_logged
-    started = time.monotonic() if logged else 0.0
+    started = time.monotonic() if db.queries_logged else 0.0
     try:
         with db.wrap_database_errors:
             return pgwire.execute(db, statements, commit=commit)
     finally:
-        if logged:
-            took = f"{time.monotonic() - started:.3f}"
-            db.queries_log.extend({"sql": sql, "time": took} for sql, _ in statements)
-            if commit:
-                db.queries_log.append({"sql": "COMMIT", "time": took})
+        _log(db, [*statements, ("COMMIT", ())] if commit else statements, started)
+
+
+def _log(db: Any, statements: Sequence[tuple[str, Sequence[Any]]], started: float) -> None:
+    """When queries are logged (DEBUG, CaptureQueriesContext), the statements sent together
+    since started, each with the round trip's time, as Django's cursor logs them."""
+    if db.queries_logged:
+        took = f"{time.monotonic() - started:.3f}"
+        db.queries_log.extend({"sql": sql, "time": took} for sql, _ in statements)
 
 
 def _rows(cursor: Any) -> list[Any]:

@@ -32,6 +32,12 @@ def _threshold() -> int:
     return int(connection.settings_dict["OPTIONS"]["prepare_threshold"])
 
 
+def _run_till_prepared(sql: str, params: list[Any], rows: list[tuple[Any, ...]]) -> None:
+    """Run sql one time more than the threshold (prepared by then), checking its rows."""
+    for _ in range(_threshold() + 1):
+        assert bulk.run(sql, params) == rows
+
+
 def test_native__numbers_placeholders_and_unescapes_percent():
     assert pgwire.native("SELECT %s, %s WHERE x LIKE 'a%%'") == b"SELECT $1, $2 WHERE x LIKE 'a%'"
     with pytest.raises(ValueError, match="only %s"):
@@ -69,20 +75,17 @@ def test_statements__prepared_once_run_threshold_times_and_again_after_a_rollbac
     with pytest.raises(RuntimeError):
         _write_then_fail(1, "g-wire")
     assert _held(TIMEOUT_OF) == 0
-    for _ in range(_threshold() + 1):
-        assert bulk.run(TIMEOUT_OF, ["g-wire"]) == [(45_000,)]
+    _run_till_prepared(TIMEOUT_OF, ["g-wire"], [(45_000,)])
     assert _held(TIMEOUT_OF) == 1
     # A savepoint's rollback too.
     with transaction.atomic():
         with pytest.raises(RuntimeError):
             _write_then_fail(2, "g-wire")
-        for _ in range(_threshold() + 1):
-            assert bulk.run(TIMEOUT_OF, ["g-wire"]) == [(45_000,)]
+        _run_till_prepared(TIMEOUT_OF, ["g-wire"], [(45_000,)])
     assert _held(TIMEOUT_OF) == 1
     # Through psycopg's own cursor: the record is psycopg's, so it knows these are gone.
     connection.connection.execute("DEALLOCATE ALL")
-    for _ in range(_threshold() + 1):
-        assert bulk.run(TIMEOUT_OF, ["g-wire"]) == [(45_000,)]
+    _run_till_prepared(TIMEOUT_OF, ["g-wire"], [(45_000,)])
     assert _held(TIMEOUT_OF) == 1
 
 
@@ -101,8 +104,7 @@ def test_a_prepare_in_an_aborted_pipeline__not_counted_as_prepared(console):
         fail_then_read()
     assert _held(TIMEOUT_OF) == 0
     # Not taken for prepared ("prepared statement ... does not exist"): run, then prepared.
-    for _ in range(_threshold() + 1):
-        assert bulk.run(TIMEOUT_OF, ["g-abort"]) == [(45_000,)]
+    _run_till_prepared(TIMEOUT_OF, ["g-abort"], [(45_000,)])
     assert _held(TIMEOUT_OF) == 1
 
 
@@ -181,8 +183,7 @@ def test_past_prepared_max__the_oldest_deallocated_as_psycopg_does():
     sqls = [f"SELECT %s::int + {n}" for n in range(4)]
     try:
         for sql in sqls:
-            for _ in range(_threshold() + 1):
-                assert bulk.run(sql, [1]) == [(1 + sqls.index(sql),)]
+            _run_till_prepared(sql, [1], [(1 + sqls.index(sql),)])
         assert [_held(sql) for sql in sqls] == [0, 0, 1, 1]
     finally:
         raw.prepared_max = kept
