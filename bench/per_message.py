@@ -18,6 +18,10 @@ anyone can reproduce on the same machine:
    both servers by their PIDs (always).
 
     .venv/bin/python bench/per_message.py [--scale 0.2] [--only consume,e2e] [--server uvicorn]
+        [--e2e-rate 200]
+
+REDIS_URL in the environment (a server scripts/redis started) makes the server use Redis as its
+channel layer, as production does; --e2e-rate sets the end-to-end test's rate (msgs/s).
 
 --server uvicorn serves both apps under uvicorn instead of Daphne, for the side-by-side figures
 of docs/decisions/0018-daphne-stays.md.
@@ -336,16 +340,15 @@ def run(args: argparse.Namespace, tmp: Path, fig: Figures) -> dict[str, float]:
             )
 
         if "e2e" in args.only:
-            progress(
-                f"end to end: {LATENCY_RATE} single-message publishes/s for {LATENCY_SECONDS} s"
-            )
+            e2e_rate = args.e2e_rate
+            progress(f"end to end: {e2e_rate} single-message publishes/s for {LATENCY_SECONDS} s")
             cpu0, client0, wall0 = cpu_seconds(server.pid), cpu_seconds(os.getpid()), time.time()
-            e2e = asyncio.run(end_to_end(ws_url, secret, e2e_topic))
+            e2e = asyncio.run(end_to_end(ws_url, secret, e2e_topic, e2e_rate))
             wall = time.time() - wall0
             cpu, client_cpu = cpu_seconds(server.pid) - cpu0, cpu_seconds(os.getpid()) - client0
             out["e2e_p50"], out["e2e_p99"] = p(e2e, 0.5), p(e2e, 0.99)
             fig.add(
-                f"end to end at {LATENCY_RATE} msgs/s",
+                f"end to end at {e2e_rate} msgs/s",
                 f"p50 {p(e2e, 0.5):.2f} ms, p99 {p(e2e, 0.99):.2f} ms",
                 f"(target p50 <= {TARGET_E2E_P50_MS:.0f}, p99 <= {TARGET_E2E_P99_MS:.0f} ms)",
             )
@@ -379,6 +382,12 @@ def main() -> int:
         help="serve Ferry and the bare app under Daphne (default, as Ferry runs) or uvicorn "
         "(docs/decisions/0018-daphne-stays.md)",
     )
+    parser.add_argument(
+        "--e2e-rate",
+        type=int,
+        default=LATENCY_RATE,
+        help=f"the end-to-end test's single-message publishes per second (default {LATENCY_RATE})",
+    )
     args = parser.parse_args()
     args.only = set(args.only.split(","))
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
@@ -390,6 +399,7 @@ def main() -> int:
     print(f"\n== Per-message path ({database_description()}) ==")
     print(f"machine: {platform.node()} {platform.machine()}, {os.cpu_count()} cpus")
     print(f"server : {args.server}")
+    print(f"layer  : {'Redis' if os.environ.get('REDIS_URL') else 'in-memory'} channel layer")
     print(f"command: {command_line()}")
     width = max(len(name) for name, _, _ in fig.rows)
     for name, value, note in fig.rows:

@@ -177,7 +177,8 @@ REDIS_URL = os.environ.get("REDIS_URL", "")
 if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
-            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            # channels_redis's layer with a cheaper group_send (docs/decisions/0020).
+            "BACKEND": "broker.core.redislayer.ScriptedRedisChannelLayer",
             "CONFIG": {"hosts": [REDIS_URL], "capacity": 10_000, "expiry": 30},
         }
     }

@@ -15,6 +15,8 @@ from typing import Any, Protocol, TypeVar, cast
 
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
+from channels_redis.core import RedisChannelLayer
+from channels_redis.pubsub import RedisPubSubChannelLayer
 from django.db import transaction
 
 from broker import settings as ferry_settings
@@ -94,7 +96,7 @@ PROBE_GROUP = "ferry.probe"
 
 def layer_is_redis() -> bool:
     """Whether wake-ups go through Redis (several processes), not the in-memory layer."""
-    return type(_layer()).__module__.startswith("channels_redis")
+    return isinstance(_layer(), (RedisChannelLayer, RedisPubSubChannelLayer))
 
 
 def layer_up() -> bool:
