@@ -133,6 +133,12 @@ class Subscription:
     # partitions and send `assigned` (an ack that delivers refreshes last_beat, so a member
     # busy acking would otherwise learn a rebalance only once idle).
     seen_generation: int = 0
+    # The push task's last round had credit to spare and found nothing more to push, and no
+    # wake-up came since: the credit an ack frees would find nothing either, so it does not
+    # wake the task for a round (an empty delivery costs a database call of its own; a
+    # subscriber that acks each message as it comes paid one per message). A layer event, a
+    # new assignment or the heartbeat's timeout starts the next round as before.
+    drained: bool = False
 
     def take_held_ack(self) -> frames.AckFrame | None:
         held, self.held_ack = self.held_ack, None
@@ -558,7 +564,8 @@ class BrokerConsumer(AsyncWebsocketConsumer):
         if name != "extended":
             # Settled messages open the window again (back-pressure).
             s.credit += result.settled
-            s.wake.set()
+            if name != "acked" or not s.drained:
+                s.wake.set()
         await self._send_frame(_settled(name, frame.ref, s.sub, result))
 
     async def on_ack(self, frame: frames.AckFrame) -> None:
@@ -672,7 +679,8 @@ class BrokerConsumer(AsyncWebsocketConsumer):
                     await self._send_raw(_error(failure, held.ref, s.sub))
             return
         s.credit += result.settled
-        s.wake.set()
+        if not s.drained:
+            s.wake.set()
         if reply:
             # Settled whatever happens to the answer (the socket may be closing).
             with contextlib.suppress(Exception):
@@ -782,6 +790,7 @@ class BrokerConsumer(AsyncWebsocketConsumer):
     def _wake(self, topic_id: int) -> None:
         for s in self.subs.values():
             if s.topic_id == topic_id:
+                s.drained = False
                 s.wake.set()
 
     # The push task of one subscription.
@@ -838,6 +847,7 @@ class BrokerConsumer(AsyncWebsocketConsumer):
             interval = ferry_settings.get("HEARTBEAT_INTERVAL_MS") / 1000
             s.wake.clear()
             if s.credit > 0 or s.held_ack is not None:
+                s.drained = False
                 # Taken before the call, so that an ack's delivery meanwhile cannot use it too.
                 reserved = min(s.credit, batch)
                 s.credit -= reserved
@@ -878,6 +888,8 @@ class BrokerConsumer(AsyncWebsocketConsumer):
                     # run: keep going. Else everything there was is out: what is appended from
                     # now on sets the wake-up (cleared before this round's read).
                     continue
+                # Unless a wake-up came meanwhile, or an ordered partition waits on an ack.
+                s.drained = not result.held_back and not s.wake.is_set()
             elif s.seen_generation > s.generation or loop.time() - s.last_beat >= interval:
                 await self._heartbeat(s)
             # Wait for a wake-up (messages appended or returned, an ack, a credit frame), or
@@ -996,6 +1008,7 @@ class BrokerConsumer(AsyncWebsocketConsumer):
         s.seen_generation = 0  # learnt (a group made again starts its generations over)
         if (info.generation, info.partitions) == (s.generation, s.partitions):
             return
+        s.drained = False  # partitions it has not read yet
         s.generation, s.partitions = info.generation, info.partitions
         await self._send_frame(
             {

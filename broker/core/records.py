@@ -366,6 +366,9 @@ class DeliveryResult:
     filtered: int = 0
     # Messages past the topic's message TTL, dead-lettered instead of delivered.
     expired: int = 0
+    # An ordered group has a message in flight on a partition this member reads: settling it
+    # lets that partition's next message go, so the delivery may not have taken all there is.
+    held_back: bool = False
 
 
 @dataclass(frozen=True)

@@ -5,8 +5,10 @@ docs/benchmarks.md#the-per-message-path-benchper_messagepy.
 """
 
 import pytest
+from asgiref.sync import sync_to_async
+from django.test import override_settings
 
-from broker.core import delivery
+from broker.core import delivery, groups, keys
 from tests.ws.test_consumers import make_key, new_topic, produce, recv, recv_type, send, session
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -95,3 +97,49 @@ async def test_ack__stale_receipt_frees_no_credit():
         again = await recv_type(ws, "acked")
         assert (again["settled"], again["stale"]) == (0, [item["receipt"]])
         assert await ws.receive_nothing(timeout=0.3)
+
+
+@override_settings(FERRY_WS_ACK_HOLD_MS=20)
+async def test_ack__of_a_subscriber_that_had_everything_costs_no_empty_delivery(monkeypatch):
+    """A subscriber acking each message as it comes, with credit to spare: one delivery per
+    message. The push task had pushed all there was, so the credit an ack frees does not wake
+    it for a round that would find nothing; the next append does."""
+    secret = await make_key("admin:*")
+    await new_topic("c4")
+    async with session(secret) as ws:
+        await send(
+            ws, {"type": "subscribe", "sub": "s", "topic": "c4", "group": "g", "prefetch": 8}
+        )
+        await recv_type(ws, "subscribed")
+        # The join's own wake-up makes the push task look once more: let it pass first.
+        assert await ws.receive_nothing(timeout=0.3)
+        calls = count_push_task_deliveries(monkeypatch)
+        for value in range(3):
+            await produce("c4", [value])
+            (item,) = (await recv_type(ws, "messages"))["items"]
+            assert item["value"] == value
+            await send(ws, {"type": "ack", "sub": "s", "receipts": [item["receipt"]]})
+            assert (await recv_type(ws, "acked"))["settled"] == 1
+            assert await ws.receive_nothing(timeout=0.2)
+        assert calls == [1, 1, 1]
+
+
+async def test_ack__in_an_ordered_group_lets_the_partitions_next_message_go():
+    """In an ordered group the push task stops at a partition's message in flight, with credit
+    to spare: the ack that settles it wakes the task for the next one at once."""
+    secret = await make_key("admin:*")
+    await new_topic("c5")
+    await sync_to_async(groups.configure_group)(keys.CONSOLE, "g-ordered", ordered=True)
+    await produce("c5", [0, 1, 2])
+    async with session(secret) as ws:
+        await send(
+            ws,
+            {"type": "subscribe", "sub": "s", "topic": "c5", "group": "g-ordered", "prefetch": 8},
+        )
+        await recv_type(ws, "subscribed")
+        for value in range(3):
+            # Well within the heartbeat interval (3 s), which would also start a round.
+            (item,) = (await recv_type(ws, "messages", timeout=1))["items"]
+            assert item["value"] == value
+            await send(ws, {"type": "ack", "sub": "s", "receipts": [item["receipt"]]})
+        assert (await recv_type(ws, "acked", timeout=1))["settled"] == 1

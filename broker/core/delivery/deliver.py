@@ -168,6 +168,7 @@ def deliver_in_transaction(
         deliveries=tuple(batch.deliveries),
         filtered=batch.filtered,
         expired=batch.expired,
+        held_back=group.ordered and bool(batch.blocked or batch.deliveries),
     )
 
 
