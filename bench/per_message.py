@@ -18,10 +18,15 @@ anyone can reproduce on the same machine:
    both servers by their PIDs (always).
 
     .venv/bin/python bench/per_message.py [--scale 0.2] [--only consume,e2e] [--server uvicorn]
-        [--e2e-rate 200]
+        [--e2e-rate 200] [--processes 2]
 
 REDIS_URL in the environment (a server scripts/redis started) makes the server use Redis as its
 channel layer, as production does; --e2e-rate sets the end-to-end test's rate (msgs/s).
+--processes N (PostgreSQL only) runs the concurrent single-message produce again against N
+Daphne processes on the same database, the producers spread over them round robin and the
+server CPU summed over the processes; it uses Redis as the channel layer, as several processes
+must (a private one from scripts/redis unless REDIS_URL names one), for the one-process rows
+too, so that both are measured alike.
 
 --server uvicorn serves both apps under uvicorn instead of Daphne, for the side-by-side figures
 of docs/decisions/0018-daphne-stays.md.
@@ -56,6 +61,7 @@ from produce_fetch import (
     server_command,
     setup_django,
     start_daphne,
+    start_redis,
     stop_daphne,
     wait_healthy,
 )
@@ -113,13 +119,46 @@ def sequential(
     return sorted(times)
 
 
+def machine_ticks() -> tuple[int, int]:
+    """Busy and total CPU ticks of the whole machine so far, all cores (/proc/stat)."""
+    # user nice system idle iowait irq softirq steal (guest time is counted in user already)
+    ticks = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    return sum(ticks) - ticks[3] - ticks[4], sum(ticks)
+
+
+@dataclass
+class Usage:
+    """Cores busy during a timed run: the whole machine, the servers, this bench's clients."""
+
+    machine: float = 0.0
+    servers: float = 0.0
+    clients: float = 0.0
+
+    def describe(self) -> str:
+        rest = self.machine - self.servers - self.clients
+        return (
+            f"machine busy {self.machine:.2f} of {os.cpu_count()} cores: servers "
+            f"{self.servers:.2f}, bench clients {self.clients:.2f}, the rest (database, "
+            f"Redis, other work) {rest:.2f}"
+        )
+
+
 def concurrent_posts(
-    url: str, path: str, headers: dict[str, str], body: bytes, total: int, clients: int, pid: int
+    urls: list[str],
+    path: str,
+    headers: dict[str, str],
+    body: bytes,
+    total: int,
+    clients: int,
+    pids: list[int],
+    usage: Usage | None = None,
 ) -> tuple[float, float]:
-    """total POSTs from clients threads; returns (requests/s, server CPU seconds per request)."""
+    """total POSTs from clients threads, client i to urls[i % len(urls)]; returns (requests/s,
+    server CPU seconds per request, summed over the servers' pids). usage, if given, gets the
+    cores busy meanwhile."""
     failures: list[str] = []
 
-    def work(count: int) -> None:
+    def work(count: int, url: str) -> None:
         with httpx.Client(base_url=url, headers=headers, timeout=60) as client:
             client.post(path, content=body).raise_for_status()  # warm-up, untimed
             barrier.wait()
@@ -131,9 +170,23 @@ def concurrent_posts(
 
     barrier = threading.Barrier(clients + 1)
     shares = [total // clients + (1 if i < total % clients else 0) for i in range(clients)]
-    cpu0 = cpu_seconds(pid)
-    seconds = run_together([functools.partial(work, n) for n in shares], barrier)
-    cpu = cpu_seconds(pid) - cpu0
+    cpu0, client0, (busy0, all0), wall0 = (
+        sum(cpu_seconds(pid) for pid in pids),
+        cpu_seconds(os.getpid()),
+        machine_ticks(),
+        time.monotonic(),
+    )
+    seconds = run_together(
+        [functools.partial(work, n, urls[i % len(urls)]) for i, n in enumerate(shares)], barrier
+    )
+    cpu = sum(cpu_seconds(pid) for pid in pids) - cpu0
+    if usage is not None:
+        # Over the whole call, the clients' start and warm-up included, for all three alike.
+        busy1, all1 = machine_ticks()
+        wall = time.monotonic() - wall0
+        usage.machine = (busy1 - busy0) / max(1, all1 - all0) * (os.cpu_count() or 1)
+        usage.servers = cpu / wall
+        usage.clients = (cpu_seconds(os.getpid()) - client0) / wall
     if failures:
         raise RuntimeError(f"concurrent produce failed: {failures[0]}")
     return total / seconds, cpu / total
@@ -301,7 +354,7 @@ def run(args: argparse.Namespace, tmp: Path, fig: Figures) -> dict[str, float]:
             progress(f"server CPU per request, {CPU_CLIENTS} concurrent clients")
             total = scaled(CONCURRENT_MESSAGES)
             bare_rate, bare_cpu = concurrent_posts(
-                bare_url, "/", headers, RICH_BODY, total, CPU_CLIENTS, bare.pid
+                [bare_url], "/", headers, RICH_BODY, total, CPU_CLIENTS, [bare.pid]
             )
             out["bare_cpu_ms"] = bare_cpu * 1000
             fig.add(
@@ -309,15 +362,22 @@ def run(args: argparse.Namespace, tmp: Path, fig: Figures) -> dict[str, float]:
                 f"{bare_rate:,.0f} req/s",
                 f"server CPU {bare_cpu * 1e3:.3f} ms/request",
             )
+            one_process: dict[int, float] = {}
             for clients in CONCURRENT:
+                usage = Usage()
                 rate, cpu = concurrent_posts(
-                    url, path, headers, RICH_BODY, total, clients, server.pid
+                    [url], path, headers, RICH_BODY, total, clients, [server.pid], usage
                 )
+                one_process[clients] = rate
                 note = f"server CPU {cpu * 1e3:.3f} ms/msg"
                 if clients == CPU_CLIENTS:
                     out["produce_cpu_ms"] = cpu * 1000
                     note += f" = {cpu / bare_cpu:.1f}x bare (target <= {TARGET_CPU_VS_BARE:.0f}x)"
                 fig.add(f"single-message produce x{clients}", f"{rate:,.0f} msgs/s", note)
+                if clients == CPU_CLIENTS and args.processes > 1:
+                    fig.add(f"… during x{clients}", "", usage.describe())
+            if args.processes > 1:
+                produce_on_processes(args, tmp, fig, url, server, path, headers, one_process)
 
         if "consume" in args.only:
             progress("WebSocket consume, prefetch 2, an ack frame per message")
@@ -365,6 +425,45 @@ def run(args: argparse.Namespace, tmp: Path, fig: Figures) -> dict[str, float]:
     return out
 
 
+def produce_on_processes(
+    args: argparse.Namespace,
+    tmp: Path,
+    fig: Figures,
+    url: str,
+    server: subprocess.Popen[bytes],
+    path: str,
+    headers: dict[str, str],
+    one_process: dict[int, float],
+) -> None:
+    """The concurrent single-message produce again, over args.processes Daphne processes."""
+    n = args.processes
+    progress(f"single-message produce on {n} processes")
+    ports = [free_port() for _ in range(n - 1)]
+    others = [start_daphne(port, tmp / f"daphne-{port}.log", server=args.server) for port in ports]
+    try:
+        urls = [url] + [f"http://127.0.0.1:{port}" for port in ports]
+        for other_url, other, port in zip(urls[1:], others, ports, strict=True):
+            wait_healthy(other_url, other, tmp / f"daphne-{port}.log")
+        pids = [server.pid] + [other.pid for other in others]
+        total = max(10, round(CONCURRENT_MESSAGES * args.scale))
+        for clients in CONCURRENT:
+            usage = Usage()
+            rate, cpu = concurrent_posts(
+                urls, path, headers, RICH_BODY, total, clients, pids, usage
+            )
+            fig.add(
+                f"single-message produce x{clients}, {n} processes",
+                f"{rate:,.0f} msgs/s",
+                f"{rate / one_process[clients]:.2f}x one process; "
+                f"server CPU {cpu * 1e3:.3f} ms/msg (summed)",
+            )
+            if clients == CPU_CLIENTS:
+                fig.add(f"… during x{clients}, {n} processes", "", usage.describe())
+    finally:
+        for other in others:
+            stop_daphne(other)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -388,14 +487,32 @@ def main() -> int:
         default=LATENCY_RATE,
         help=f"the end-to-end test's single-message publishes per second (default {LATENCY_RATE})",
     )
+    parser.add_argument(
+        "--processes",
+        type=int,
+        default=1,
+        help="also run the concurrent single-message produce against this many Daphne "
+        "processes (PostgreSQL, with Redis)",
+    )
     args = parser.parse_args()
     args.only = set(args.only.split(","))
+    if args.processes > 1 and not os.environ.get("DATABASE_URL"):
+        parser.error("--processes needs PostgreSQL: run it under scripts/with-postgres")
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     tmp = Path(tempfile.mkdtemp(prefix="ferry-bench-"))
+    redis_dir: Path | None = None
+    if args.processes > 1 and not os.environ.get("REDIS_URL"):
+        redis_dir, os.environ["REDIS_URL"] = start_redis(tmp)
+        progress(f"redis at {os.environ['REDIS_URL']}")
     progress(f"data dir {tmp}; migrating")
     setup_django(tmp)
     fig = Figures()
-    run(args, tmp, fig)
+    try:
+        run(args, tmp, fig)
+    finally:
+        if redis_dir is not None:
+            progress("stopping redis")
+            subprocess.run([str(ROOT / "scripts/redis"), "stop", str(redis_dir)], check=False)
     print(f"\n== Per-message path ({database_description()}) ==")
     print(f"machine: {platform.node()} {platform.machine()}, {os.cpu_count()} cpus")
     print(f"server : {args.server}")

@@ -82,6 +82,7 @@ from produce_fetch import (
     progress,
     setup_django,
     start_daphne,
+    start_redis,
     stop_daphne,
     wait_healthy,
 )
@@ -725,18 +726,6 @@ class Scale:
     produce: Counted
     consume: Counted
     idle_cpu: float  # CPU seconds per second of the Daphne processes, summed, doing nothing
-
-
-def start_redis(tmp: Path) -> tuple[Path, str]:
-    directory = tmp / "redis"
-    started = subprocess.run(
-        [str(ROOT / "scripts/redis"), "start", str(directory), str(free_port())],
-        check=True,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    return directory, started.stdout.strip().splitlines()[-1]
 
 
 def scale_out(

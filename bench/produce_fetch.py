@@ -258,6 +258,20 @@ def start_daphne(
         )
 
 
+def start_redis(tmp: Path) -> tuple[Path, str]:
+    """A Redis on loopback from scripts/redis, its files under tmp; (its directory, its URL).
+    Stop it with `scripts/redis stop <directory>`."""
+    directory = tmp / "redis"
+    started = subprocess.run(
+        [str(ROOT / "scripts/redis"), "start", str(directory), str(free_port())],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    return directory, started.stdout.strip().splitlines()[-1]
+
+
 def server_command(server: str, port: int, app: str) -> list[str]:
     """The command serving app on 127.0.0.1:port under Daphne or uvicorn, access log on."""
     if server == "uvicorn":
