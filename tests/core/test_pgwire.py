@@ -6,6 +6,8 @@ from typing import Any
 
 import pytest
 from django.db import DataError, IntegrityError, connection, transaction
+from psycopg import errors as psycopg_errors
+from psycopg import pq as psycopg_pq
 
 from broker import models
 from broker.core import bulk, groups, pgwire
@@ -187,3 +189,22 @@ def test_past_prepared_max__the_oldest_deallocated_as_psycopg_does():
         assert [_held(sql) for sql in sqls] == [0, 0, 1, 1]
     finally:
         raw.prepared_max = kept
+
+
+def test_pipeline_sync__goes_through_the_libpq_psycopg_loaded():
+    """The wheel's libpq, found in the process, so the Sync lets go of the GIL (no fallback)."""
+    assert psycopg_pq.__impl__ in ("binary", "c")
+    assert pgwire._LIBPQ is not None
+    with open("/proc/self/maps") as maps:
+        loaded = {line.split(maxsplit=5)[5].strip() for line in maps if "/libpq" in line}
+    assert loaded == {pgwire._LIBPQ._name}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_pipeline_sync__outside_pipeline_mode_raises_as_psycopg_would():
+    connection.ensure_connection()
+    pgconn = connection.connection.pgconn
+    with pytest.raises(psycopg_errors.OperationalError, match="sync failed"):
+        pgwire._pipeline_sync(pgconn)
+    # The connection is unharmed.
+    assert bulk.run("SELECT 1") == [(1,)]
