@@ -15,11 +15,14 @@ with a DEALLOCATE ALL after a rollback or DDL and trims to its prepared_max. Tha
 not psycopg's public API; psycopg is pinned, and tests/core/test_pgwire.py covers each use.
 docs/decisions/0019-statements-through-libpq.md says why.
 
-The Sync that ends a round trip also sends it: libpq writes the buffered statements to the
-socket, which wakes the server's backend. psycopg's pipeline_sync() holds the GIL through that
-write, and on this VM the write costs about 18 µs of CPU, more when the scheduler hands the core
-to the woken backend first, so the event loop waited for the GIL meanwhile. It is called here
-through ctypes, which lets go of the GIL for the call, on the very libpq psycopg loaded.
+Two libpq calls go through ctypes, on the very libpq psycopg loaded, for the GIL's sake. The
+Sync that ends a round trip also sends it: libpq writes the buffered statements to the socket,
+which wakes the server's backend. psycopg's pipeline_sync() holds the GIL through that write
+(about 18 µs of CPU on this VM, more when the scheduler hands the core to the woken backend
+first), so the event loop waited for the GIL meanwhile: called through ctypes.CDLL, the GIL is
+free. PQisBusy, asked before each result, only reads libpq's memory, but psycopg lets go of the
+GIL for it, and each time the event loop's thread waits for the GIL that costs a hand-over of
+it and back, two context switches: called through ctypes.PyDLL, the GIL stays held.
 """
 
 import ctypes
@@ -58,6 +61,19 @@ def _loaded_libpq() -> ctypes.CDLL | None:
 
 # Read once psycopg's C extension is imported (above), so its libpq is in the process.
 _LIBPQ = _loaded_libpq() if pq.__impl__ in ("binary", "c") else None
+# The same library, its calls made with the GIL held.
+_LIBPQ_HELD: ctypes.PyDLL | None = None
+if _LIBPQ is not None:
+    _LIBPQ_HELD = ctypes.PyDLL(_LIBPQ._name)
+    _LIBPQ_HELD.PQisBusy.argtypes = [ctypes.c_void_p]
+    _LIBPQ_HELD.PQisBusy.restype = ctypes.c_int
+
+
+def _is_busy(pgconn: Any) -> bool:
+    """pgconn.is_busy(), keeping the GIL (a closed connection's pointer is None: not busy)."""
+    if _LIBPQ_HELD is None:
+        return bool(pgconn.is_busy())
+    return bool(_LIBPQ_HELD.PQisBusy(pgconn.pgconn_ptr))
 
 
 def _pipeline_sync(pgconn: Any) -> None:
@@ -219,7 +235,7 @@ def _flush(session: _Session) -> None:
 def _result(session: _Session) -> Any:
     """libpq's next result, waiting for it."""
     pgconn = session.raw.pgconn
-    while pgconn.is_busy():
+    while _is_busy(pgconn):
         session.readable.poll()
         pgconn.consume_input()
     return pgconn.get_result()

@@ -198,6 +198,19 @@ def test_pipeline_sync__goes_through_the_libpq_psycopg_loaded():
     with open("/proc/self/maps") as maps:
         loaded = {line.split(maxsplit=5)[5].strip() for line in maps if "/libpq" in line}
     assert loaded == {pgwire._LIBPQ._name}
+    assert pgwire._LIBPQ_HELD is not None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_is_busy__as_psycopg_says():
+    connection.ensure_connection()
+    pgconn = connection.connection.pgconn
+    assert pgwire._is_busy(pgconn) is False
+    pgconn.send_query(b"SELECT pg_sleep(0.2)")
+    assert pgwire._is_busy(pgconn) is bool(pgconn.is_busy()) is True
+    while pgconn.get_result() is not None:  # blocks until the statement ends
+        pass
+    assert pgwire._is_busy(pgconn) is False
 
 
 @pytest.mark.django_db(transaction=True)
