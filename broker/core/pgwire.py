@@ -41,32 +41,39 @@ from psycopg.types.numeric import Int8BinaryDumper
 _PLACEHOLDER = re.compile(r"%(.)", re.DOTALL)
 
 
-def _loaded_libpq() -> ctypes.CDLL | None:
-    """The libpq psycopg loaded (its wheel bundles one), with PQpipelineSync declared; None
-    where it cannot be told (not Linux): then psycopg's own pipeline_sync() is used."""
+def _libpq_path() -> str | None:
+    """The file of the libpq psycopg's C extension loaded (its wheel bundles one); None where it
+    cannot be told (not Linux, psycopg's pure-Python build): then psycopg's own calls are used."""
+    if pq.__impl__ not in ("binary", "c"):
+        return None
     try:
         with open("/proc/self/maps") as maps:
             # address, perms, offset, device, inode, path: the path is the sixth field.
             fields = [line.split(maxsplit=5) for line in maps if "/libpq" in line]
-        paths = {f[5].strip() for f in fields if len(f) == 6}
-        if len(paths) != 1:
-            return None  # none, or two (psycopg's and another's): which one is not sure
-        libpq = ctypes.CDLL(paths.pop())
     except OSError:
         return None
-    libpq.PQpipelineSync.argtypes = [ctypes.c_void_p]
-    libpq.PQpipelineSync.restype = ctypes.c_int
-    return libpq
+    paths = {f[5].strip() for f in fields if len(f) == 6}
+    # None, or two (psycopg's and another's): which one is not sure.
+    return paths.pop() if len(paths) == 1 else None
+
+
+def _open_libpq(path: str | None) -> tuple[ctypes.CDLL, ctypes.PyDLL] | None:
+    """The library twice: its calls letting go of the GIL, and keeping it."""
+    if path is None:
+        return None
+    try:
+        free, held = ctypes.CDLL(path), ctypes.PyDLL(path)
+    except OSError:
+        return None
+    free.PQpipelineSync.argtypes = [ctypes.c_void_p]
+    free.PQpipelineSync.restype = ctypes.c_int
+    held.PQisBusy.argtypes = [ctypes.c_void_p]
+    held.PQisBusy.restype = ctypes.c_int
+    return free, held
 
 
 # Read once psycopg's C extension is imported (above), so its libpq is in the process.
-_LIBPQ = _loaded_libpq() if pq.__impl__ in ("binary", "c") else None
-# The same library, its calls made with the GIL held.
-_LIBPQ_HELD: ctypes.PyDLL | None = None
-if _LIBPQ is not None:
-    _LIBPQ_HELD = ctypes.PyDLL(_LIBPQ._name)
-    _LIBPQ_HELD.PQisBusy.argtypes = [ctypes.c_void_p]
-    _LIBPQ_HELD.PQisBusy.restype = ctypes.c_int
+_LIBPQ, _LIBPQ_HELD = _open_libpq(_libpq_path()) or (None, None)
 
 
 def _is_busy(pgconn: Any) -> bool:
