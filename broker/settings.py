@@ -5,6 +5,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings as django_settings
+from django.utils.functional import empty
 
 
 @dataclass(frozen=True)
@@ -118,13 +119,24 @@ def _convert(raw: str, default: Any) -> Any:
     return type(default)(raw)
 
 
+_UNSET = object()
+
+
 def get(name: str) -> Any:
     """A FERRY_<name> value: Django setting, else environment variable, else the default."""
-    default = getattr(Defaults, name)
     full_name = _ENV_NAMES[name]
-    if hasattr(django_settings, full_name):
-        return getattr(django_settings, full_name)
+    # Asked of the settings object behind Django's lazy proxy: for a name it does not define,
+    # the proxy builds and drops an AttributeError (2.5 µs; several asks per frame on the hot
+    # paths). override_settings and assignments to django.conf.settings change that object.
+    wrapped: Any = getattr(django_settings, "_wrapped", empty)
+    if wrapped is empty:
+        value = getattr(django_settings, full_name, _UNSET)  # sets Django's settings up
+    else:
+        value = getattr(wrapped, full_name, _UNSET)
+    if value is not _UNSET:
+        return value
     raw = os.environ.get(full_name)
+    default = getattr(Defaults, name)
     return default if raw is None else _convert(raw, default)
 
 

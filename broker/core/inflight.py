@@ -177,7 +177,7 @@ def _locked(
     params: list[Any] = [v for key in wanted for v in key]
     if due_at is not None:
         params = [models.InFlight.State.RETRY_WAIT.value, due_at, *params]
-    if connection.vendor == "postgresql":
+    if bulk.vendor() == "postgresql":
         # Group offset locks: serialize everything that reads or changes these partitions'
         # InFlight rows (SQLite serializes writers with BEGIN IMMEDIATE instead).
         sql += " FOR NO KEY UPDATE OF o"
@@ -278,7 +278,7 @@ def _write_committed(
     for key in keys_:
         row = rows[key]
         values += [row.id, *key, row.delivered_offset, row.committed_offset, row.filtered_count]
-    statement = _committed_sql(sql, connection.vendor, len(keys_))
+    statement = _committed_sql(sql, bulk.vendor(), len(keys_))
     if not read_back:
         bulk.defer(statement, [*values, *more])
         return

@@ -7,8 +7,6 @@ the database thread sends the next message right after the `acked` answer, witho
 hop to the thread and a second lookup of the group and the member.
 """
 
-from django.db import connection
-
 from broker import models
 from broker.core import bulk, errors, groups, inflight
 from broker.core.delivery import deliver, settle
@@ -50,7 +48,7 @@ def ack_and_deliver(
         with bulk.bookkeeping():
             found = _member_or_none(principal, group_name, member_id, topic_name)
             locked: dict[inflight.OffsetKey, models.GroupOffset] = {}
-            postgresql = connection.vendor == "postgresql"
+            postgresql = bulk.vendor() == "postgresql"
             # The committed offsets the ack moves are written by the delivery's own update of
             # the same rows (a statement fewer), and whether a retry is due is asked with the
             # rows (another statement fewer).

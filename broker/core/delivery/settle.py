@@ -7,7 +7,6 @@ import bisect
 from typing import Any, NamedTuple
 
 import orjson
-from django.db import connection
 from django.db.models import Q
 
 from broker import models
@@ -71,7 +70,7 @@ DELETE_IN_FLIGHT = {
 
 
 def _array(values: list[Any]) -> Any:
-    return orjson.dumps(values).decode() if connection.vendor == "sqlite" else values
+    return orjson.dumps(values).decode() if bulk.vendor() == "sqlite" else values
 
 
 def _named_reads(
@@ -126,7 +125,7 @@ def _receipt_partitions(receipts: list[str]) -> set[int]:
 def _delete_in_flight(ids: list[int]) -> None:
     if ids:
         # Nobody reads its rows: on PostgreSQL it goes with the next statement.
-        bulk.defer(DELETE_IN_FLIGHT[connection.vendor], (_array(ids),))
+        bulk.defer(DELETE_IN_FLIGHT[bulk.vendor()], (_array(ids),))
 
 
 class LocksOutOfOrder(Exception):
@@ -155,7 +154,7 @@ class _Settling:
         if group is None:
             raise errors.GroupNotFound(group=group_name)
         self.group: models.ConsumerGroup = group
-        postgresql = connection.vendor == "postgresql"
+        postgresql = bulk.vendor() == "postgresql"
         if locked is None and postgresql and group.mode == models.ConsumerGroup.Mode.CLUSTERING:
             # A clustering group's runs are the group's own (subscriber ""), in the partitions
             # the receipts name: lock those offset rows first and read the runs once, under them

@@ -259,7 +259,7 @@ UPDATE_PARTITION = (
 def _locked_partitions(topic_id: int, numbers: list[int]) -> dict[int, models.Partition]:
     """The partitions, locked in number order. Caller holds the write transaction."""
     sql = SELECT_PARTITIONS.format(", ".join(["%s"] * len(numbers)))
-    if connection.vendor == "postgresql":
+    if bulk.vendor() == "postgresql":
         # Partition row locks, in number order: serialize offset assignment per partition.
         sql += " FOR NO KEY UPDATE"
     rows = bulk.run(sql, [topic_id, *numbers])
@@ -337,7 +337,7 @@ def _store(
             # drop_oldest: the reject policy raised above, before any insert.
             truncate(p, p.next_offset - topic.capacity)
     rows_out = [(p.next_offset, p.start_offset, p.bytes_stored, p.id) for p in partitions.values()]
-    if connection.vendor == "postgresql":
+    if bulk.vendor() == "postgresql":
         # One statement, with the COMMIT (bulk.defer): the partition locks are held a round
         # trip less.
         bulk.defer(_update_partitions(len(rows_out)), [v for row in rows_out for v in row])

@@ -6,7 +6,7 @@ See docs/semantics.md#membership.
 import uuid
 from typing import Any
 
-from django.db import connection, transaction
+from django.db import transaction
 from django.db.models import F
 
 from broker import models
@@ -169,7 +169,7 @@ def find_group(
     Raw SQL: every member poll, push and settlement looks its group up, and the ORM would
     compile the query."""
     sql = WHERE_GROUP
-    if lock and connection.vendor == "postgresql":
+    if lock and bulk.vendor() == "postgresql":
         # The group lock (see rebalancing.locked_group). Shared by deliveries: they exclude
         # membership changes and rebalances, not one another (each locks its partitions'
         # offset rows), so a group's members deliver side by side (docs/architecture.md#locks).
@@ -311,7 +311,7 @@ def touch_member_of_topic(
     """
     group: Any
     params = [group_name, member_id, topic_name]
-    if connection.vendor == "postgresql":
+    if bulk.vendor() == "postgresql":
         parts = ((models.Topic, "t"), (models.GroupMember, "m"))
         bulk.read_ahead(bulk.joined_sql(parts, MEMBER_OF_TOPIC), params)
         group = find_group(group_name, lock=True, shared=True)
