@@ -12,7 +12,8 @@ anyone can reproduce on the same machine:
 4. single-message produce from 1, 4, 16 and 64 concurrent producers: msgs/s, and the server
    CPU per message (from /proc/<pid>/stat of the Daphne process, so the load generator on the
    same cores does not count);
-5. WebSocket consume with prefetch 2 and an ack frame per message;
+5. WebSocket consume with prefetch 2 and an ack frame per message, first against the bare app
+   (the same frames, nothing behind them: the transport's floor), then against Ferry;
 6. end to end: single-message publish frames at 1,000 msgs/s to a WebSocket subscriber, p50/p99;
 7. prints every figure with its ratio to the reference and the target (issue 12), and stops
    both servers by their PIDs (always).
@@ -229,6 +230,15 @@ async def consume_one_by_one(ws_url: str, secret: str, topic: str, total: int) -
         return total / (time.perf_counter() - started)
 
 
+def consume_measured(
+    ws_url: str, server_pid: int, secret: str, topic: str, total: int
+) -> tuple[float, float]:
+    """consume_one_by_one's msgs/s, and the server's CPU seconds per message meanwhile."""
+    cpu0 = cpu_seconds(server_pid)
+    rate = asyncio.run(consume_one_by_one(ws_url, secret, topic, total))
+    return rate, (cpu_seconds(server_pid) - cpu0) / total
+
+
 async def end_to_end(
     ws_url: str, secret: str, topic: str, rate: int = LATENCY_RATE, seconds: int = LATENCY_SECONDS
 ) -> list[float]:
@@ -389,14 +399,21 @@ def run(args: argparse.Namespace, tmp: Path, fig: Figures) -> dict[str, float]:
                     client.post(
                         f"/api/v1/topics/{consume_topic}/messages", content=body
                     ).raise_for_status()
-            cpu0 = cpu_seconds(server.pid)
-            rate = asyncio.run(consume_one_by_one(ws_url, secret, consume_topic, count))
-            cpu = (cpu_seconds(server.pid) - cpu0) / count
+            loop_on = lambda url, pid: consume_measured(url, pid, secret, consume_topic, count)  # noqa: E731
+            rate, bare_cpu = loop_on(f"ws://127.0.0.1:{bare_port}/", bare.pid)
+            out["bare_consume_msgs_s"] = rate
+            fig.add(
+                "bare WS loop prefetch 2, ack each",
+                f"{rate:,.0f} msgs/s",
+                f"server CPU {bare_cpu * 1e3:.3f} ms/msg",
+            )
+            rate, cpu = loop_on(ws_url, server.pid)
             out["consume_msgs_s"] = rate
             fig.add(
                 "WS consume prefetch 2, ack each",
                 f"{rate:,.0f} msgs/s",
-                f"server CPU {cpu * 1e3:.3f} ms/msg (target >= {TARGET_CONSUME_MSGS_S:,})",
+                f"server CPU {cpu * 1e3:.3f} ms/msg = {cpu / bare_cpu:.1f}x bare "
+                f"(target >= {TARGET_CONSUME_MSGS_S:,} msgs/s)",
             )
 
         if "e2e" in args.only:
