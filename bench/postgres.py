@@ -875,7 +875,9 @@ def report(
             f"Redis channel layer; {producers} producers x B={SCALE_BATCH} on "
             f"{SCALE_PARTITIONS} partitions, then {CONSUMERS} consumers in one clustering "
             f"group (prefetch {SCALE_PREFETCH}, ack per {SCALE_ACK}); clients round robin "
-            "over the processes' ports (no load balancer)",
+            "over the processes' ports (no load balancer); group commit wait "
+            f"{os.environ.get('FERRY_GROUP_COMMIT_WAIT_MS', '-1 (5 ms on PostgreSQL)')} "
+            "(FERRY_GROUP_COMMIT_WAIT_MS)",
             f"  {'phase':<10}{'procs':>6}{'msgs/s':>9}{'x 1 proc':>9}{'target':>12}"
             f"{'broker CPU':>11}{'x':>6}{'PG CPU':>8}{'x':>6}{'quota':>7}{'thrtl s':>8}"
             f"{'bench':>7}{'xids':>7}{'WAL kB':>8}{'run':>6}{'lockw':>6}{'idleTx':>7}",

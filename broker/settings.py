@@ -53,6 +53,9 @@ class Defaults:
     # would go over it waits for none and gets 503 busy with retry_after (docs/api.md#limits).
     # A body without Content-Length counts as FERRY_MAX_REQUEST_BYTES.
     MAX_PARSING_BYTES: int = 256 * 1024 * 1024
+    # Group commit (core/groupcommit.py): once commits have held several produce requests, the
+    # next waits up to this long for as many (0: never; -1 picks 5 on PostgreSQL, 0 on SQLite).
+    GROUP_COMMIT_WAIT_MS: float = -1
     # WebSocket push: messages per `messages` frame at most.
     WS_PUSH_BATCH: int = 2000
     # An ack of a subscriber with credit left waits up to this long for the subscription's

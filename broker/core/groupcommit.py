@@ -5,6 +5,11 @@ commit a broker does a few hundred single-message produces a second, however man
 send them. Requests that arrive while a commit is under way are appended together in the next
 one, each in its own savepoint, so each is still all or nothing on its own: a request that
 fails rolls back alone and gets its own error, and the rest commit.
+
+Once commits have held several requests, the next one waits a little
+(FERRY_GROUP_COMMIT_WAIT_MS) for as many to be waiting, as PostgreSQL's commit_delay does for
+its commit_siblings: producers that each wait for their answer come back just after a commit,
+and would otherwise split into two alternating halves that pay twice the commits.
 """
 
 import asyncio
@@ -17,6 +22,7 @@ from typing import Any
 from django.db import IntegrityError, transaction
 
 from broker import models
+from broker import settings as ferry_settings
 from broker.core import bulk, dbthreads, errors, log
 from broker.core.groups import positions
 from broker.core.records import AppendResult, NewMessage, Principal
@@ -25,6 +31,10 @@ from broker.core.records import AppendResult, NewMessage, Principal
 MAX_GROUPED_MESSAGES = 100
 # At most this many messages per group commit.
 MAX_GROUP_MESSAGES = 5000
+# How long the largest recent group is what the next commit waits for.
+PEAK_SECONDS = 1.0
+# FERRY_GROUP_COMMIT_WAIT_MS's default on PostgreSQL.
+PG_WAIT_MS = 5.0
 
 Outcome = list[AppendResult] | errors.BrokerError | None
 
@@ -108,6 +118,22 @@ class _Queue:
     draining: bool = False
     # Running tasks, referenced so that they are not collected mid-way.
     tasks: set["asyncio.Task[None]"] = field(default_factory=set)
+    # The most requests a commit held, with those waiting when it ended, within PEAK_SECONDS
+    # of the last time it was as many: how many producers are in play.
+    peak: int = 1
+    peak_at: float = 0.0
+    # While the drain waits for more requests: its future, and how many it waits for.
+    gathering: "tuple[asyncio.Future[None], int] | None" = None
+    # How long the last commit took, seconds: the longest the next one waits.
+    last_commit_s: float = 0.0
+
+    def note_group(self, size: int, now: float) -> None:
+        if size >= self.peak or now - self.peak_at > PEAK_SECONDS:
+            self.peak, self.peak_at = size, now
+
+    def note_arrival(self) -> None:
+        if self.gathering is not None and len(self.waiting) >= self.gathering[1]:
+            _resolve(self.gathering[0])
 
     def start(self, coroutine: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(coroutine)
@@ -131,6 +157,7 @@ async def append_messages(
     queue = _queues.setdefault(loop, _Queue())
     waiting = _Waiting(principal, topic_name, messages, loop.create_future())
     queue.waiting.append(waiting)
+    queue.note_arrival()
     if not queue.draining:
         queue.draining = True
         queue.start(_drain(queue))
@@ -139,12 +166,15 @@ async def append_messages(
 
 async def _drain(queue: _Queue) -> None:
     """Commit what is waiting, group by group, until nothing is."""
+    loop = asyncio.get_running_loop()
     try:
         while queue.waiting:
+            await _gather(queue, loop)
             group, size = [], 0
             while queue.waiting and size + len(queue.waiting[0].messages) <= MAX_GROUP_MESSAGES:
                 size += len(queue.waiting[0].messages)
                 group.append(queue.waiting.popleft())
+            started = loop.time()
             try:
                 outcomes = await dbthreads.run(
                     append_batches, [(w.principal, w.topic, w.messages) for w in group]
@@ -154,6 +184,10 @@ async def _drain(queue: _Queue) -> None:
                     if not w.future.done():
                         w.future.set_exception(exc)
                 continue
+            queue.last_commit_s = loop.time() - started
+            # Those it held come back soon if their producers wait for the answer to send
+            # again; those waiting already are on their way in.
+            queue.note_group(len(group) + len(queue.waiting), loop.time())
             for w, outcome in zip(group, outcomes, strict=True):
                 if w.future.done():
                     continue  # the caller went away (a closed connection)
@@ -165,6 +199,46 @@ async def _drain(queue: _Queue) -> None:
                     w.future.set_result(outcome)
     finally:
         queue.draining = False
+
+
+async def _gather(queue: _Queue, loop: asyncio.AbstractEventLoop) -> None:
+    """Wait up to FERRY_GROUP_COMMIT_WAIT_MS for as many requests as the recent peak, and no
+    longer than the last commit took (a wait longer than a commit would cost more than it saves).
+
+    A lone producer, or requests that never came together, never wait: the peak is then 1.
+    """
+    wait_ms = wait_ms_setting()
+    if wait_ms <= 0 or len(queue.waiting) >= queue.peak:
+        return
+    if loop.time() - queue.peak_at > PEAK_SECONDS:
+        queue.peak = 1  # the crowd went away: no waiting for it
+        return
+    enough: asyncio.Future[None] = loop.create_future()
+    queue.gathering = (enough, queue.peak)
+    timer = loop.call_later(min(wait_ms / 1000, queue.last_commit_s), _resolve, enough)
+    try:
+        await enough
+    finally:
+        timer.cancel()
+        queue.gathering = None
+
+
+def wait_ms_setting() -> float:
+    """FERRY_GROUP_COMMIT_WAIT_MS; -1 (the default) picks 5 on PostgreSQL and 0 on SQLite.
+
+    On PostgreSQL a commit costs the broker a few milliseconds of CPU on top of its messages
+    (round trips, the partition locks), so fewer, larger commits pay for a short wait; on
+    SQLite a commit costs little, and the wait only delays (docs/benchmarks.md).
+    """
+    configured = float(ferry_settings.get("GROUP_COMMIT_WAIT_MS"))
+    if configured >= 0:
+        return configured
+    return PG_WAIT_MS if bulk.vendor() == "postgresql" else 0.0
+
+
+def _resolve(future: "asyncio.Future[None]") -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 async def _retry_alone(w: _Waiting) -> None:

@@ -1,6 +1,7 @@
 """Group commit: concurrent small produces share a transaction, each all or nothing."""
 
 import asyncio
+import time
 
 import orjson
 import pytest
@@ -112,3 +113,84 @@ def test_append_batches__no_savepoint_when_all_succeed(topic_factory):
         )
     assert [offsets(o) for o in outcomes] == [[0], [0], [1, 2]]
     assert not [q for q in queries.captured_queries if "SAVEPOINT" in q["sql"].upper()]
+
+
+class Commits(list):
+    """The requests each group commit held; every commit takes 0.2 s (so a wait may too)."""
+
+    started: float = 0.0  # when the last one began (time.monotonic())
+
+
+@pytest.fixture
+def commits(monkeypatch):
+    held = Commits()
+    real = groupcommit.append_batches
+
+    def slow(requests):
+        held.started = time.monotonic()
+        held.append(len(requests))
+        time.sleep(0.2)
+        return real(requests)
+
+    monkeypatch.setattr(groupcommit, "append_batches", slow)
+    return held
+
+
+async def produce(topic, value, after_s=0.0):
+    await asyncio.sleep(after_s)
+    return await groupcommit.append_messages(keys.CONSOLE, topic, [message(value)])
+
+
+async def test_append_messages__producers_coming_back_share_the_next_commit(
+    topic_factory, settings, commits
+):
+    """After a commit of four, two producers come back at once and two 20 ms later: the next
+    commit waits for all four (FERRY_GROUP_COMMIT_WAIT_MS), where it would hold two."""
+    settings.FERRY_GROUP_COMMIT_WAIT_MS = 5000
+    topic = (await sync_to_async(topic_factory)()).name
+    await asyncio.gather(*(produce(topic, i) for i in range(4)))
+    results = await asyncio.gather(
+        produce(topic, 4), produce(topic, 5), produce(topic, 6, 0.02), produce(topic, 7, 0.02)
+    )
+    assert commits == [4, 4]
+    assert sorted(r[0].offset for r in results) == [4, 5, 6, 7]
+    await close_thread_connection()
+
+
+async def test_append_messages__without_the_wait_they_split(topic_factory, settings, commits):
+    settings.FERRY_GROUP_COMMIT_WAIT_MS = 0
+    topic = (await sync_to_async(topic_factory)()).name
+    await asyncio.gather(*(produce(topic, i) for i in range(4)))
+    await asyncio.gather(
+        produce(topic, 4), produce(topic, 5), produce(topic, 6, 0.02), produce(topic, 7, 0.02)
+    )
+    assert commits == [4, 2, 2]
+    await close_thread_connection()
+
+
+async def test_append_messages__the_wait_is_bounded_and_a_lone_producer_never_waits(
+    topic_factory, settings, commits, monkeypatch
+):
+    settings.FERRY_GROUP_COMMIT_WAIT_MS = 5000
+    monkeypatch.setattr(groupcommit, "PEAK_SECONDS", 0.5)
+    topic = (await sync_to_async(topic_factory)()).name
+    await asyncio.gather(*(produce(topic, i) for i in range(4)))
+    # Three of four do not come back: the commit waits no longer than the last one took.
+    sent = time.monotonic()
+    await produce(topic, 4)
+    assert 0.15 <= commits.started - sent < 2.0  # not the 5 s configured
+    # The crowd is gone (PEAK_SECONDS): a lone producer's commit starts at once.
+    await asyncio.sleep(0.6)
+    sent = time.monotonic()
+    await produce(topic, 5)
+    assert commits.started - sent < 0.15
+    assert commits == [4, 1, 1]
+    await close_thread_connection()
+
+
+def test_wait_ms_setting__picks_by_database(settings):
+    settings.FERRY_GROUP_COMMIT_WAIT_MS = -1
+    expected = groupcommit.PG_WAIT_MS if connection.vendor == "postgresql" else 0.0
+    assert groupcommit.wait_ms_setting() == expected
+    settings.FERRY_GROUP_COMMIT_WAIT_MS = 3
+    assert groupcommit.wait_ms_setting() == 3
