@@ -55,7 +55,7 @@ class Defaults:
     MAX_PARSING_BYTES: int = 256 * 1024 * 1024
     # Group commit (core/groupcommit.py): once commits have held several produce requests, the
     # next waits up to this long for as many (0: never; -1 picks 5 on PostgreSQL, 0 on SQLite).
-    GROUP_COMMIT_WAIT_MS: float = -1
+    GROUP_COMMIT_WAIT_MS: float = -1.0
     # WebSocket push: messages per `messages` frame at most.
     WS_PUSH_BATCH: int = 2000
     # An ack of a subscriber with credit left waits up to this long for the subscription's
@@ -114,12 +114,35 @@ class Defaults:
 
 
 _ENV_NAMES = {name: f"FERRY_{name}" for name in Defaults.__dataclass_fields__}
+_TRUE, _FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off", ""}
+_KINDS = {bool: "1, 0, true, false, yes, no, on or off", int: "an integer", float: "a number"}
 
 
 def _convert(raw: str, default: Any) -> Any:
     if isinstance(default, bool):
-        return raw.strip().lower() in {"1", "true", "yes", "on"}
+        return raw.strip().lower() in _TRUE
     return type(default)(raw)
+
+
+def invalid_environment() -> str | None:
+    """The first FERRY_* environment variable that is not of its setting's kind, said in one
+    line; None when all are (start-up checks: a typo fails the start, not each request)."""
+    for name, env_name in _ENV_NAMES.items():
+        raw = os.environ.get(env_name)
+        default = getattr(Defaults, name)
+        if raw is None or type(default) not in _KINDS:
+            continue
+        if isinstance(default, bool):
+            valid = raw.strip().lower() in _TRUE | _FALSE
+        else:
+            try:
+                _convert(raw, default)
+                valid = True
+            except ValueError:
+                valid = False
+        if not valid:
+            return f"{env_name}={raw!r} is not {_KINDS[type(default)]} (its default: {default})"
+    return None
 
 
 _UNSET = object()

@@ -16,6 +16,8 @@ from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.migrations.executor import MigrationExecutor
 
+from broker import settings as ferry_settings
+
 REDIS_TIMEOUT_S = 2.0
 EXIT_STATUS = 1
 
@@ -112,8 +114,16 @@ def check_redis() -> None:
         client.close()
 
 
+def check_environment() -> None:
+    """Every FERRY_* variable set is of its setting's kind (a number, an integer, 1 or 0)."""
+    wrong = ferry_settings.invalid_environment()
+    if wrong is not None:
+        raise StartupError(f"{wrong}; correct it or unset it")
+
+
 def check(*, migrations: bool = True) -> None:
-    """Raise StartupError for the first failed check: database, migrations, Redis."""
+    """Raise StartupError for the first failed check: settings, database, migrations, Redis."""
+    check_environment()
     check_database()
     if migrations:
         check_migrations()

@@ -132,3 +132,15 @@ def test_scripts_run__checks_before_migrating(tmp_path):
     data_dir.mkdir(mode=0o700)
     code, stderr = run_to_exit(command, bare_env(FERRY_DATA_DIR=str(data_dir)))
     assert (code, stderr) == (0, "")
+
+
+@pytest.mark.django_db
+def test_daphne__a_setting_of_the_wrong_kind():
+    # As docs/operations.md#start-up-checks shows it: before the database is even asked.
+    env = server_env(FERRY_WS_PUSH_BATCH="2k")
+    code, stderr = run_to_exit(daphne_command(), env)
+    line = assert_one_clear_line(code, stderr)
+    assert line == (
+        "Ferry: FERRY_WS_PUSH_BATCH='2k' is not an integer (its default: 2000); "
+        "correct it or unset it"
+    )
