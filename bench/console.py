@@ -21,7 +21,6 @@ the environment names (the embedded SQLite under a temporary FERRY_DATA_DIR, or 
 
 import argparse
 import asyncio
-import os
 import random
 import re
 import shutil
@@ -38,6 +37,7 @@ import httpx
 import orjson
 from produce_fetch import (
     command_line,
+    cpu_seconds,
     database_description,
     free_port,
     progress,
@@ -215,11 +215,6 @@ class Producer:
     def __exit__(self, *exc: object) -> None:
         self.stop.set()
         self.thread.join()
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def cpu_over(pid: int, seconds: float) -> float:

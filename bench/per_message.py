@@ -54,6 +54,7 @@ import orjson
 from produce_fetch import (
     ROOT,
     command_line,
+    cpu_seconds,
     create_fixtures,
     database_description,
     free_port,
@@ -86,13 +87,6 @@ TARGET_PRODUCE_VS_BARE = 3.0
 TARGET_CPU_VS_BARE = 3.0
 TARGET_CONSUME_MSGS_S = 2000
 TARGET_E2E_P50_MS, TARGET_E2E_P99_MS = 3.0, 8.0
-TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU of a process so far (its threads included)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS
 
 
 @dataclass
@@ -387,7 +381,7 @@ def run(args: argparse.Namespace, tmp: Path, fig: Figures) -> dict[str, float]:
                 if clients == CPU_CLIENTS and args.processes > 1:
                     fig.add(f"… during x{clients}", "", usage.describe())
             if args.processes > 1:
-                produce_on_processes(args, tmp, fig, url, server, path, headers, one_process)
+                produce_on_processes(args, tmp, fig, url, server, path, headers, total, one_process)
 
         if "consume" in args.only:
             progress("WebSocket consume, prefetch 2, an ack frame per message")
@@ -450,6 +444,7 @@ def produce_on_processes(
     server: subprocess.Popen[bytes],
     path: str,
     headers: dict[str, str],
+    total: int,
     one_process: dict[int, float],
 ) -> None:
     """The concurrent single-message produce again, over args.processes Daphne processes."""
@@ -462,7 +457,6 @@ def produce_on_processes(
         for other_url, other, port in zip(urls[1:], others, ports, strict=True):
             wait_healthy(other_url, other, tmp / f"daphne-{port}.log")
         pids = [server.pid] + [other.pid for other in others]
-        total = max(10, round(CONCURRENT_MESSAGES * args.scale))
         for clients in CONCURRENT:
             usage = Usage()
             rate, cpu = concurrent_posts(

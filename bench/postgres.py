@@ -71,12 +71,13 @@ from typing import Any
 
 import httpx
 import orjson
-from per_message import cpu_seconds, end_to_end
+from per_message import end_to_end
 from produce_fetch import (
     ROOT,
     VALUE,
     VALUE_BYTES,
     command_line,
+    cpu_seconds,
     database_description,
     free_port,
     progress,

@@ -59,6 +59,12 @@ TARGET_FETCH_MSGS_S = 100_000
 HEALTH_TIMEOUT_S = 30.0
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of a process so far (its threads included), from /proc/<pid>/stat."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def progress(text: str) -> None:
     print(f"[bench] {text}", file=sys.stderr, flush=True)
 

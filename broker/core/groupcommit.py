@@ -184,10 +184,11 @@ async def _drain(queue: _Queue) -> None:
                     if not w.future.done():
                         w.future.set_exception(exc)
                 continue
-            queue.last_commit_s = loop.time() - started
+            ended = loop.time()
+            queue.last_commit_s = ended - started
             # Those it held come back soon if their producers wait for the answer to send
             # again; those waiting already are on their way in.
-            queue.note_group(len(group) + len(queue.waiting), loop.time())
+            queue.note_group(len(group) + len(queue.waiting), ended)
             for w, outcome in zip(group, outcomes, strict=True):
                 if w.future.done():
                     continue  # the caller went away (a closed connection)
