@@ -13,6 +13,7 @@ import functools
 import logging
 import sys
 import weakref
+from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,6 +43,7 @@ from broker.core import (
     transactions,
 )
 from broker.core.records import (
+    AckAndDelivery,
     Delivery,
     DeliveryResult,
     MemberInfo,
@@ -101,6 +103,42 @@ class SubscriptionNotFound(errors.BrokerError):
 
 
 @dataclass
+class HeldAcks:
+    """Ack frames settled together in one database call, each answered on its own.
+
+    Each frame comes with the credit already given for it: messages pushed from the
+    subscription's read-ahead when it came (Subscription.ahead). Its settlement gives the rest.
+    """
+
+    acks: list[tuple[frames.AckFrame, int]]
+
+    @property
+    def receipts(self) -> list[str]:
+        return [r for f, _ in self.acks for r in f.receipts]
+
+    @property
+    def presumed(self) -> int:
+        return sum(n for _, n in self.acks)
+
+    def alone(self) -> "list[HeldAcks]":
+        return [HeldAcks([one]) for one in self.acks]
+
+    def answers(self, result: SettleResult) -> list[tuple[frames.AckFrame, SettleResult]]:
+        """Each frame with its share of result, as if they had been settled one by one."""
+        if len(self.acks) == 1:
+            return [(self.acks[0][0], result)]
+        stale = set(result.stale)
+        earlier: set[str] = set()
+        out = []
+        for f, _ in self.acks:
+            own = {r for r in f.receipts if r not in stale and r not in earlier}
+            missed = dict.fromkeys(r for r in f.receipts if r not in own)
+            earlier |= own
+            out.append((f, SettleResult(settled=len(own), stale=tuple(missed))))
+        return out
+
+
+@dataclass
 class Subscription:
     sub: str
     group: str
@@ -112,7 +150,9 @@ class Subscription:
     # Messages the server may still push: prefetch, minus pushed, plus settled and granted.
     # A delivery takes what it may push from here before its database call and gives back
     # what it did not push, so two deliveries at once (the push task's and an ack's) never
-    # push more than the credit together.
+    # push more than the credit together. An ack of messages lent from the read-ahead gives
+    # its credit before it is stored (Subscription.lent); if the store finds one settled
+    # meanwhile (by a REST ack of the same receipt), the credit goes below 0 until more acks.
     credit: int
     # prefetch plus what credit frames granted: pushed and unsettled messages plus credit.
     window: int
@@ -125,8 +165,18 @@ class Subscription:
     client: str = ""
     # An ack frame waiting to be settled with the next push (FERRY_WS_ACK_HOLD_MS), and the
     # timer that settles it alone if no push comes first. Whoever takes it settles it.
-    held_ack: frames.AckFrame | None = None
+    held_ack: HeldAcks | None = None
     held_timer: asyncio.TimerHandle | None = None
+    # Messages delivered to this member beyond its credit (FERRY_WS_READ_AHEAD), in order: a
+    # subscriber that acks each message as it comes gets the next from here, without a
+    # database call; its acks are settled together with the next read. Handed back to the
+    # group if still here when ahead_timer fires (READ_AHEAD_LINGER_S at most).
+    ahead: "deque[Delivery]" = field(default_factory=deque)
+    ahead_timer: asyncio.TimerHandle | None = None
+    # Receipts pushed while reading ahead, with their deadlines: an ack of one of them before
+    # its deadline settles a message this subscriber holds, so its credit is given at once,
+    # before the ack is stored. A receipt acked already, or not from here, gives none then.
+    lent: dict[str, int] = field(default_factory=dict)
     # Set while the push task settles a held ack it took: what comes after waits for it.
     acking: asyncio.Event | None = None
     # A later generation an ack's delivery saw: the push task heartbeats to learn its
@@ -140,12 +190,35 @@ class Subscription:
     # new assignment or the heartbeat's timeout starts the next round as before.
     drained: bool = False
 
-    def take_held_ack(self) -> frames.AckFrame | None:
+    def take_held_ack(self) -> HeldAcks | None:
         held, self.held_ack = self.held_ack, None
         if self.held_timer is not None:
             self.held_timer.cancel()
             self.held_timer = None
         return held
+
+    def lend(self, deliveries: Sequence[Delivery]) -> None:
+        if len(self.lent) > 2 * self.window + 64:
+            self.lent.clear()  # receipts settled elsewhere (REST): forget them, give no credit
+        for d in deliveries:
+            self.lent[d.receipt] = d.deadline_ms
+
+    def presume(self, receipts: list[str]) -> int:
+        """How many of receipts settle messages lent here and still in their time (forgotten
+        now: a second ack of one gives nothing)."""
+        if not self.lent:
+            return 0
+        now = log.now_ms()
+        return sum(1 for r in receipts if self.lent.pop(r, 0) > now)
+
+    def take_ahead(self, n: int | None = None) -> list[Delivery]:
+        """The first n messages read ahead (all by default); the timer stops once none is left."""
+        count = len(self.ahead) if n is None else min(n, len(self.ahead))
+        taken = [self.ahead.popleft() for _ in range(count)]
+        if not self.ahead and self.ahead_timer is not None:
+            self.ahead_timer.cancel()
+            self.ahead_timer = None
+        return taken
 
 
 async def wait_for_event(event: asyncio.Event, timeout_s: float) -> None:
@@ -204,6 +277,9 @@ CLOSE_WAIT_S = 2
 KEY_CHECK_INTERVAL_S = 0.5
 # Publish frames of one connection being committed at once; more wait their turn.
 MAX_PUBLISHES_IN_FLIGHT = 256
+# Messages read ahead for a subscriber (FERRY_WS_READ_AHEAD) and not pushed within this long
+# go back to the group (delivery.release_messages): its acks stopped coming.
+READ_AHEAD_LINGER_S = 1.0
 
 
 def hook_daphne() -> None:
@@ -403,6 +479,8 @@ class BrokerConsumer(AsyncWebsocketConsumer):
             # asyncio.wait: the push task's end (cancelled, or failed) is not this task's; a
             # cancellation of this task itself still propagates.
             await asyncio.wait([s.task])
+        s.take_ahead()  # the leave hands them back with the rest of the member's messages
+        s.lent.clear()
         await self._leave(s)
 
     async def _send_raw(self, data: bytes) -> None:
@@ -556,6 +634,8 @@ class BrokerConsumer(AsyncWebsocketConsumer):
         self, frame: Any, name: str, call: Callable[..., Any], *args: Any, **kwargs: Any
     ) -> None:
         s = self._sub(frame.sub)
+        if name != "extended":
+            s.presume(frame.receipts)  # settled from now on
         # Settlements are applied in the order they came: a held ack first.
         await self._settle_held(s)
         result = await dbthreads.run(
@@ -564,7 +644,7 @@ class BrokerConsumer(AsyncWebsocketConsumer):
         if name != "extended":
             # Settled messages open the window again (back-pressure).
             s.credit += result.settled
-            if name != "acked" or not s.drained:
+            if name != "acked" or not s.drained or s.ahead:
                 s.wake.set()
         await self._send_frame(_settled(name, frame.ref, s.sub, result))
 
@@ -580,77 +660,236 @@ class BrokerConsumer(AsyncWebsocketConsumer):
         Whatever the ack frees (a batch of 100 or 1,000 receipts too), the settlement and the
         delivery are one transaction (at most FERRY_WS_PUSH_BATCH messages pushed from it): a
         batch consumer's acks went 15-25 % further for the same CPU (docs/benchmarks.md).
+
+        For a subscriber with a small window (_read_ahead_for) that call also reads up to
+        FERRY_WS_READ_AHEAD messages more (Subscription.ahead): while they last, each ack is
+        answered by the next of them at once, and held (FERRY_WS_ACK_HOLD_MS) to be settled
+        with the next read, so that such a subscriber costs a database call per hold, not per
+        message.
         """
         s = self._sub(frame.sub)
+        hold_ms = ferry_settings.get("WS_ACK_HOLD_MS")
+        presumed = s.presume(frame.receipts)
+        if s.ahead and hold_ms > 0:
+            await self._hold_ack(s, frame, hold_ms, presumed)
+            s.credit += presumed
+            await self._push_ahead(s)
+            return
         free = s.credit + len(frame.receipts)
         if s.credit > 0 or s.pushing > 0 or s.window - free > free:
-            hold_ms = ferry_settings.get("WS_ACK_HOLD_MS")
             if hold_ms > 0 and (s.credit > 0 or s.pushing > 0):
                 await self._hold_ack(s, frame, hold_ms)
                 return
             await self._settle(frame, "acked", delivery.ack_messages)
             return
-        await self._settle_held(s)
+        together = await self._with_held(s, frame)
         batch = ferry_settings.get("WS_PUSH_BATCH")
-        reserved = min(s.credit, batch)
+        reserved = max(0, min(s.credit, batch))
         s.credit -= reserved
+        # The credit the held acks gave already is not theirs to give again.
+        credit = reserved - together.presumed
+        ahead = self._read_ahead_for(s, hold_ms)
         try:
-            result = await dbthreads.run(
-                delivery.ack_and_deliver,
-                self._principal(),
-                s.group,
-                frame.receipts,
-                s.topic,
-                s.member_id,
-                reserved,
-                batch,
+            result = await self._ack_then_deliver(
+                s, together.receipts, credit + max(0, ahead), batch
             )
-        except BaseException:
+        except errors.BrokerError:
             s.credit += reserved
             s.wake.set()
+            if len(together.acks) == 1:
+                raise
+            # One frame's receipts may be what the call refused: each is settled on its own.
+            for one in together.alone():
+                await self._settle_ack(s, one, reply=True)
+            return
+        except BaseException as exc:
+            s.credit += reserved - together.presumed
+            s.wake.set()
+            if isinstance(exc, Exception):
+                # The database is away (or a bug): the held frames get the error this one gets.
+                for held_frame, _ in together.acks[:-1]:
+                    with contextlib.suppress(Exception):
+                        await self._send_raw(_error(_failure(exc, "ack"), held_frame.ref, s.sub))
             raise
         acked, delivered = result.acked, result.delivered
-        pushed = delivered.deliveries if delivered is not None else ()
-        s.credit += reserved + acked.settled - len(pushed)
-        await self._send_frame(_settled("acked", frame.ref, s.sub, acked))
+        got = delivered.deliveries if delivered is not None else ()
+        # What the subscriber may have now; the rest was read ahead.
+        free = max(0, credit + acked.settled)
+        pushed = got[:free]
+        s.credit += credit + acked.settled - len(pushed)
+        await self._answer(s, together, acked)
         if delivered is None:
             if s.credit > 0:
                 s.wake.set()  # the push task delivers, or meets what stopped this delivery
             return
         s.last_beat = asyncio.get_running_loop().time()
+        if len(got) > len(pushed):
+            self._read_ahead(s, got[len(pushed) :])
         if pushed:
+            if ahead > 0:
+                s.lend(pushed)
             await self._push(s, pushed)
         # A wake-up from the layer while this ran waits for this handler (channels dispatches
         # one message at a time), then finds the credit left. The push task looks again at once
         # only for a rebalance to learn, or when more may be waiting already.
-        more = len(pushed) >= batch or delivered.filtered or delivered.expired
+        more = len(got) >= batch or delivered.filtered or delivered.expired
         if delivered.generation != s.generation:
             s.seen_generation = delivered.generation
             s.wake.set()
         elif s.credit > 0 and more:
             s.wake.set()
 
-    async def _hold_ack(self, s: Subscription, frame: frames.AckFrame, hold_ms: int) -> None:
+    async def _ack_then_deliver(
+        self, s: Subscription, receipts: list[str], credit: int, batch: int
+    ) -> AckAndDelivery:
+        """delivery.ack_and_deliver for s, on a database thread."""
+        return await dbthreads.run(
+            delivery.ack_and_deliver,
+            self._principal(),
+            s.group,
+            receipts,
+            s.topic,
+            s.member_id,
+            credit,
+            batch,
+        )
+
+    async def _with_held(self, s: Subscription, frame: frames.AckFrame) -> HeldAcks:
+        """frame, with the subscription's held acks before it when they fit in one call."""
+        held = s.take_held_ack()
+        if held is None:
+            await self._settle_held(s)  # waits for a settlement under way
+            return HeldAcks([(frame, 0)])
+        if len(held.receipts) + len(frame.receipts) > ferry_settings.get("MAX_FETCH_MESSAGES"):
+            await self._settle_ack(s, held, reply=True)
+            return HeldAcks([(frame, 0)])
+        held.acks.append((frame, 0))
+        return held
+
+    async def _answer(self, s: Subscription, acks: HeldAcks, result: SettleResult) -> None:
+        for f, share in acks.answers(result):
+            await self._send_frame(_settled("acked", f.ref, s.sub, share))
+
+    @staticmethod
+    def _read_ahead_for(s: Subscription, hold_ms: int) -> int:
+        """How many messages to read ahead for s: FERRY_WS_READ_AHEAD for a subscriber with a
+        window no larger (a batch consumer's ack frees enough for a frame of its own), none
+        without held acks (they settle the acks the read-ahead answers)."""
+        ahead = ferry_settings.get("WS_READ_AHEAD")
+        return ahead if hold_ms > 0 and 0 < s.window <= ahead else 0
+
+    def _read_ahead(self, s: Subscription, deliveries: Sequence[Delivery]) -> None:
+        """Keep deliveries for the subscriber's next acks; hand back what is left of them after
+        READ_AHEAD_LINGER_S, or a quarter of the time to their deadline if that is shorter, so
+        that a message read ahead still has most of its time when it is pushed."""
+        s.ahead.extend(deliveries)
+        s.drained = False
+        if s.ahead_timer is None:
+            left_ms = min(d.deadline_ms for d in deliveries) - log.now_ms()
+            linger = min(READ_AHEAD_LINGER_S, max(0.0, left_ms / 4000))
+            loop = asyncio.get_running_loop()
+            s.ahead_timer = loop.call_later(linger, self._ahead_due, s)
+
+    async def _push_ahead(self, s: Subscription, wake: bool = True) -> None:
+        """Push what the credit lets through from the read-ahead; past it, the push task reads
+        (woken unless it is the caller)."""
+        taken = s.take_ahead(max(0, s.credit))
+        s.credit -= len(taken)
+        if taken:
+            s.lend(taken)
+            await self._push(s, taken)
+        if wake and s.credit > 0 and not s.ahead:
+            s.drained = False
+            s.wake.set()
+
+    def _ahead_due(self, s: Subscription) -> None:
+        """The read-ahead waited too long for acks: its messages go back to the group."""
+        s.ahead_timer = None
+        left = s.take_ahead()
+        if left:
+            task = asyncio.get_running_loop().create_task(self._release(s, left))
+            self.background.add(task)
+            task.add_done_callback(self.background.discard)
+
+    async def _release(self, s: Subscription, deliveries: list[Delivery]) -> None:
+        """Hand messages read ahead back to the group; never raises (if the database is away,
+        they come back when their ack deadline passes, as unacked messages do)."""
+        try:
+            await dbthreads.run(
+                delivery.release_messages,
+                self._principal(),
+                s.group,
+                [d.receipt for d in deliveries],
+            )
+        except Exception:
+            logger.warning(
+                "could not hand back %d messages read ahead for %s of %s; they come back "
+                "after their ack deadline",
+                len(deliveries),
+                s.member_id,
+                s.group,
+                exc_info=True,
+            )
+
+    async def _hold_ack(
+        self, s: Subscription, frame: frames.AckFrame, hold_ms: int, presumed: int = 0
+    ) -> None:
         """Keep an ack for the subscription's next push, which settles it in the same database
         call; settled alone after hold_ms if no push comes first.
 
         Only for a subscriber whose push task does not wait on this ack's credit (credit left,
-        or a push under way). A subscriber that acks each message as messages keep coming then
-        costs one database call per message, not two (docs/benchmarks.md). One ack at a time:
-        an earlier one still held is settled first, so each frame gets its own answer.
+        or a push under way), or one answered from the read-ahead (presumed: the credit it gave
+        already). A subscriber that acks each message as messages keep coming then costs one
+        database call per message, not two (docs/benchmarks.md), or one per read-ahead. Acks
+        held together are settled in one call, within hold_ms of the first, and each frame
+        gets its own answer.
         """
+        held = s.held_ack
+        limit = ferry_settings.get("MAX_FETCH_MESSAGES")
+        if held is not None and len(held.receipts) + len(frame.receipts) <= limit:
+            held.acks.append((frame, presumed))
+            return
         await self._settle_held(s)
-        s.held_ack = frame
+        s.held_ack = HeldAcks([(frame, presumed)])
         s.held_timer = asyncio.get_running_loop().call_later(hold_ms / 1000, self._held_ack_due, s)
 
     def _held_ack_due(self, s: Subscription) -> None:
-        """The hold is up and no push took the ack: settle it alone."""
+        """The hold is up and no push took the ack: settle it alone, or, while messages read
+        ahead last, with a read that tops them up (the next acks find them there)."""
         s.held_timer = None
         held = s.take_held_ack()
         if held is not None:
-            task = asyncio.get_running_loop().create_task(self._settle_ack(s, held, reply=True))
+            settle = self._settle_and_read_ahead if s.ahead else self._settle_ack
+            task = asyncio.get_running_loop().create_task(settle(s, held, reply=True))
             self.background.add(task)
             task.add_done_callback(self.background.discard)
+
+    async def _settle_and_read_ahead(self, s: Subscription, held: HeldAcks, reply: bool) -> None:
+        """Settle held acks, and read ahead as many messages as the read-ahead lacks, in one
+        database call; never raises (the acks are then settled alone, as _settle_ack does)."""
+        want = ferry_settings.get("WS_READ_AHEAD") - len(s.ahead)
+        try:
+            both = await self._ack_then_deliver(
+                s, held.receipts, max(0, want) - held.presumed, ferry_settings.get("WS_PUSH_BATCH")
+            )
+        except Exception:
+            await self._settle_ack(s, held, reply)
+            return
+        s.credit += both.acked.settled - held.presumed
+        if reply:
+            with contextlib.suppress(Exception):
+                await self._answer(s, held, both.acked)
+        delivered = both.delivered
+        if delivered is None:
+            s.wake.set()  # the push task meets what stopped this read
+            return
+        if delivered.deliveries:
+            self._read_ahead(s, delivered.deliveries)
+        if delivered.generation != s.generation:
+            s.seen_generation = delivered.generation
+            s.wake.set()
+        with contextlib.suppress(Exception):
+            await self._push_ahead(s)
 
     async def _settle_held(self, s: Subscription, reply: bool = True) -> None:
         """Settle the held ack of s alone, if it has one, and answer it; return once no held
@@ -665,26 +904,33 @@ class BrokerConsumer(AsyncWebsocketConsumer):
         if self.background:
             await asyncio.wait(list(self.background))
 
-    async def _settle_ack(self, s: Subscription, held: frames.AckFrame, reply: bool) -> None:
-        """Settle a held ack alone and answer it; never raises (an error is answered as the
+    async def _settle_ack(self, s: Subscription, held: HeldAcks, reply: bool) -> None:
+        """Settle held acks alone and answer them; never raises (an error is answered as the
         ack's own would have been)."""
         try:
             result = await dbthreads.run(
                 delivery.ack_messages, self._principal(), s.group, held.receipts
             )
         except Exception as exc:
+            if isinstance(exc, errors.BrokerError) and len(held.acks) > 1:
+                # One frame's receipts may be what the call refused: each is settled alone.
+                for one in held.alone():
+                    await self._settle_ack(s, one, reply)
+                return
+            s.credit -= held.presumed
             if reply:
                 failure = exc if isinstance(exc, errors.BrokerError) else _failure(exc, "ack")
-                with contextlib.suppress(Exception):
-                    await self._send_raw(_error(failure, held.ref, s.sub))
+                for f, _ in held.acks:
+                    with contextlib.suppress(Exception):
+                        await self._send_raw(_error(failure, f.ref, s.sub))
             return
-        s.credit += result.settled
-        if not s.drained:
+        s.credit += result.settled - held.presumed
+        if not s.drained or s.ahead:
             s.wake.set()
         if reply:
             # Settled whatever happens to the answer (the socket may be closing).
             with contextlib.suppress(Exception):
-                await self._send_frame(_settled("acked", held.ref, s.sub, result))
+                await self._answer(s, held, result)
 
     async def on_nack(self, frame: frames.NackFrame) -> None:
         await self._settle(
@@ -846,7 +1092,10 @@ class BrokerConsumer(AsyncWebsocketConsumer):
         while not closed.is_set():
             interval = ferry_settings.get("HEARTBEAT_INTERVAL_MS") / 1000
             s.wake.clear()
-            if s.credit > 0 or s.held_ack is not None:
+            if s.ahead:
+                await self._push_ahead(s, wake=False)
+            # Acks held while messages read ahead wait are settled with the next read.
+            if s.credit > 0 or (s.held_ack is not None and not s.ahead):
                 s.drained = False
                 # Taken before the call, so that an ack's delivery meanwhile cannot use it too.
                 reserved = min(s.credit, batch)
@@ -882,6 +1131,8 @@ class BrokerConsumer(AsyncWebsocketConsumer):
                 if result.generation != s.generation:
                     await self._heartbeat(s)
                 if result.deliveries:
+                    if self._read_ahead_for(s, ferry_settings.get("WS_ACK_HOLD_MS")):
+                        s.lend(result.deliveries)  # their acks may be answered from the read-ahead
                     await self._push(s, result.deliveries)
                 if len(result.deliveries) >= room or result.filtered or result.expired:
                     # The credit ran out before the messages did, or the filter skipped a long
@@ -900,7 +1151,7 @@ class BrokerConsumer(AsyncWebsocketConsumer):
             await wait_for_event(s.wake, wait_s)
 
     async def _ack_and_push(
-        self, s: Subscription, held: frames.AckFrame, reserved: int, batch: int
+        self, s: Subscription, held: HeldAcks, reserved: int, batch: int
     ) -> tuple[DeliveryResult, int] | None:
         """The push task's delivery with a held ack settled in the same call; answers the ack.
 
@@ -917,37 +1168,38 @@ class BrokerConsumer(AsyncWebsocketConsumer):
             acking.set()
 
     async def _ack_and_deliver(
-        self, s: Subscription, held: frames.AckFrame, reserved: int, batch: int
+        self, s: Subscription, held: HeldAcks, reserved: int, batch: int
     ) -> tuple[DeliveryResult, int] | None:
+        # The credit the held acks gave already is not theirs to give again.
+        credit = reserved - held.presumed
         try:
-            both = await dbthreads.run(
-                delivery.ack_and_deliver,
-                self._principal(),
-                s.group,
-                held.receipts,
-                s.topic,
-                s.member_id,
-                reserved,
-                batch,
-            )
+            both = await self._ack_then_deliver(s, held.receipts, credit, batch)
         except errors.BrokerError as exc:
             s.credit, s.pushing = s.credit + reserved, 0
-            await self._send_raw(_error(exc, held.ref, s.sub))
+            if len(held.acks) > 1:
+                # One frame's receipts may be what the call refused: each is settled alone.
+                for one in held.alone():
+                    await self._settle_ack(s, one, reply=True)
+                return None
+            s.credit -= held.presumed
+            await self._send_raw(_error(exc, held.acks[0][0].ref, s.sub))
             return None
         except BaseException as exc:
-            s.credit, s.pushing = s.credit + reserved, 0
+            s.credit, s.pushing = s.credit + reserved - held.presumed, 0
             if isinstance(exc, Exception):
-                # The database is away (or a bug): answered as the ack's own error, and the
+                # The database is away (or a bug): answered as the acks' own error, and the
                 # push task fails as its delivery alone would have.
-                with contextlib.suppress(Exception):
-                    await self._send_raw(_error(_failure(exc, "ack"), held.ref, s.sub))
+                failure = _failure(exc, "ack")
+                for f, _ in held.acks:
+                    with contextlib.suppress(Exception):
+                        await self._send_raw(_error(failure, f.ref, s.sub))
             raise
         pushed = both.delivered.deliveries if both.delivered is not None else ()
-        s.credit, s.pushing = s.credit + reserved + both.acked.settled - len(pushed), 0
-        await self._send_frame(_settled("acked", held.ref, s.sub, both.acked))
+        s.credit, s.pushing = s.credit + credit + both.acked.settled - len(pushed), 0
+        await self._answer(s, held, both.acked)
         if both.delivered is None:
             return None
-        return both.delivered, min(batch, reserved + both.acked.settled)
+        return both.delivered, min(batch, credit + both.acked.settled)
 
     async def _push(self, s: Subscription, deliveries: Sequence[Delivery]) -> None:
         """Send deliveries in `messages` frames of at most FERRY_WS_MAX_FRAME_BYTES each."""
@@ -991,6 +1243,9 @@ class BrokerConsumer(AsyncWebsocketConsumer):
 
     async def _rejoin(self, s: Subscription) -> None:
         # Expired (the process stalled past the session timeout): join again under the same id.
+        # What it read ahead went back to the group with the rest of its messages.
+        s.take_ahead()
+        s.lent.clear()
         info = await dbthreads.run(
             functools.partial(
                 membership.join_group,

@@ -61,6 +61,10 @@ class Defaults:
     # An ack of a subscriber with credit left waits up to this long for the subscription's
     # next push, and is settled with it in one database call (0: each ack settles at once).
     WS_ACK_HOLD_MS: int = 2
+    # A subscriber waiting for the credit its ack frees gets up to this many more messages
+    # read for it in the same database call, pushed as its next acks come (0: none; only with
+    # FERRY_WS_ACK_HOLD_MS above 0, which settles those acks).
+    WS_READ_AHEAD: int = 16
     # Message trace events are kept this long, and purged this often.
     TRACE_RETENTION_SECONDS: int = 7 * 24 * 3600
     TRACE_PURGE_INTERVAL_SECONDS: float = 300.0

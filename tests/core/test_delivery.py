@@ -670,3 +670,24 @@ def test_ack_and_deliver__writes_only_the_offset_rows_it_moved(topic_factory, co
     # Seven values a row, and the time of the update.
     assert (update.count("%s") - 1) // 7 == 1
     assert committed("g", topic, partition=0).committed_offset == 1
+
+
+def test_release_messages__back_at_once_with_the_same_attempt(topic_factory, console):
+    topic = topic_factory().name
+    produce(console, topic, 3)
+    groups.configure_group(console, "g", max_attempts=2, retry_delays_ms=[60_000])
+    joined(console, topic)
+    got = deliver(console, topic)
+    result = delivery.release_messages(console, "g", [got[1].receipt, got[2].receipt, "0.0.0"])
+    assert (result.settled, result.stale) == (2, ("0.0.0",))
+    assert runs() == [(0, 0, "delivered"), (1, 1, "retry_wait"), (2, 2, "retry_wait")]
+    # Unsettled still: the committed offset stays; released, they are deliverable at once
+    # (no backoff), with the attempt they had.
+    assert committed("g", topic).committed_offset == 0
+    again = deliver(console, topic)
+    assert [(d.message.offset, d.attempt) for d in again] == [(1, 1), (2, 1)]
+    # Not counted as failed: a nack now is the first failure of max_attempts=2.
+    assert delivery.nack_messages(console, "g", [again[0].receipt]).dead_lettered == 0
+    # The old receipts named nothing any more.
+    assert delivery.release_messages(console, "g", [got[1].receipt]).stale == (got[1].receipt,)
+    assert delivery.ack_messages(console, "g", [got[0].receipt, again[1].receipt]).settled == 2

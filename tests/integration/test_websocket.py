@@ -218,3 +218,57 @@ def test_held_acks__a_subscriber_acking_each_message_of_a_fast_stream_gets_them_
         assert time.monotonic() < deadline, "the subscription did not leave its group"
         time.sleep(0.05)
     assert not models.InFlight.objects.exists()
+
+
+def test_read_ahead__a_prefetch_2_subscriber_gets_each_message_once_and_the_rest_goes_back(
+    key_factory, topic_factory
+):
+    """A subscriber with prefetch 2 that acks each message as it comes (FERRY_WS_READ_AHEAD):
+    the backlog comes in order, once each, never more than 2 in hand, every ack answered; when
+    the server stops, what it had read ahead goes back to the group with the messages in hand,
+    and the acked ones stay acked."""
+    topic = topic_factory().name
+    _, secret = key_factory("admin:*")
+    server, url = start_daphne()
+    total, acking = 300, 200
+    try:
+        with open_ws(url, secret) as ws:
+            send(
+                ws,
+                {
+                    "type": "publish",
+                    "topic": topic,
+                    "messages": [{"value": i} for i in range(total)],
+                },
+            )
+            recv_type(ws, "published")
+            subscribe(ws, topic, prefetch=2)
+            values: list[int] = []
+            acks_sent = answered = 0
+            while acks_sent < acking or answered < acking:
+                frame = orjson.loads(ws.recv(timeout=10))
+                if frame["type"] == "acked":
+                    answered += frame["settled"]
+                    continue
+                assert frame["type"] == "messages"
+                for m in frame["items"]:
+                    values.append(m["value"])
+                    assert len(values) - acks_sent <= 2
+                    if acks_sent < acking:
+                        send(ws, {"type": "ack", "sub": "s", "receipts": [m["receipt"]]})
+                        acks_sent += 1
+            assert values == list(range(acking + 2))
+            assert answered == acking
+            server.terminate()
+            recv_type(ws, "closing")
+            server.wait(timeout=15)
+    finally:
+        stop(server)
+    offset = models.GroupOffset.objects.get(group__name="g")
+    assert offset.committed_offset == acking
+    runs = models.InFlight.objects.values_list("offset", "last_offset", "state")
+    waiting = sorted(o for first, last, state in runs for o in range(first, last + 1))
+    # The two in hand, and the 16 read ahead after them (FERRY_WS_READ_AHEAD's default, topped
+    # up as acks come): back with the group.
+    assert waiting == list(range(acking, acking + 2 + 16))
+    assert {state for *_, state in runs} == {"retry_wait"}

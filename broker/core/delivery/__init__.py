@@ -6,7 +6,7 @@ changes their InFlight rows: that lock serializes deliveries, settlements, the d
 redrives of one (group, partition, subscriber), so a message is never handed out twice while in
 flight and the committed offset is always the lowest unsettled offset.
 
-The package: deliver.py (deliver_messages), settle.py (ack, nack, reject, extend), push.py
+The package: deliver.py (deliver_messages), settle.py (ack, nack, reject, extend, release), push.py
 (ack_and_deliver: an ack and the next push in one call) and sweep.py (the deadline sweep),
 over inflight.py a layer down (in-flight runs, receipts, offset locks, the committed offset)
 and retries.py (backoff, dead letters). Its public names are re-exported
@@ -29,6 +29,7 @@ from broker.core.delivery.settle import (
     extend_deadlines,
     nack_messages,
     reject_messages,
+    release_messages,
 )
 from broker.core.delivery.sweep import SWEEP_BATCH, redeliver_expired
 
@@ -48,4 +49,5 @@ __all__ = [
     "nack_messages",
     "redeliver_expired",
     "reject_messages",
+    "release_messages",
 ]

@@ -7,7 +7,7 @@ import bisect
 from typing import Any, NamedTuple
 
 import orjson
-from django.db.models import Q
+from django.db.models import F, Q
 
 from broker import models
 from broker import settings as ferry_settings
@@ -215,6 +215,12 @@ class _Settling:
             out.setdefault(topic.id, (topic, []))[1].append(row)
         return out
 
+    def delivered_rows(self) -> tuple[list[models.InFlight], list[models.InFlight]]:
+        """The named messages' single rows (single_rows), and those still delivered: not
+        waiting for a retry (extend, release)."""
+        rows = [row for _, topic_rows in self.single_rows().values() for row in topic_rows]
+        return rows, [r for r in rows if r.state == models.InFlight.State.DELIVERED]
+
 
 def _trace_each(
     topic: models.Topic, rows: list[models.InFlight], name: str, group: str, now: int, **detail: str
@@ -346,6 +352,29 @@ def reject_messages(
     return SettleResult(settled=n, stale=settling.stale, dead_lettered=n)
 
 
+def release_messages(principal: Principal, group_name: str, receipts: list[str]) -> SettleResult:
+    """Hand delivered messages back to the group at once, as if they had not been delivered.
+
+    For messages the server leased ahead for a subscriber and never sent it (the WebSocket
+    read-ahead, docs/websocket.md#flow-control-credit): no attempt is counted as failed and no
+    backoff applies, as when a member leaves (membership.sessions._release_in_flight). The
+    committed offset stays: the messages are still unsettled. A receipt whose message was
+    settled or redelivered meanwhile is stale.
+    """
+    now = log.now_ms()
+    with bulk.bookkeeping():
+        settling = _Settling(principal, group_name, receipts)
+        _, live = settling.delivered_rows()
+        # A waiting retry's attempt is the failed attempts so far and its redelivery adds one:
+        # take back the one this delivery added.
+        models.InFlight.objects.filter(id__in=[r.id for r in live]).update(
+            state=models.InFlight.State.RETRY_WAIT, deadline_ms=now, attempt=F("attempt") - 1
+        )
+        for topic_id in sorted({r.partition.topic_id for r in live}):
+            inflight.wake(topic_id)
+    return SettleResult(settled=len(live), stale=settling.stale)
+
+
 def extend_deadlines(
     principal: Principal, group_name: str, receipts: list[str], extend_ms: int
 ) -> SettleResult:
@@ -354,8 +383,7 @@ def extend_deadlines(
     now = log.now_ms()
     with bulk.bookkeeping():
         settling = _Settling(principal, group_name, receipts)
-        rows = [row for _, topic_rows in settling.single_rows().values() for row in topic_rows]
-        live = [r for r in rows if r.state == models.InFlight.State.DELIVERED]
+        rows, live = settling.delivered_rows()
         models.InFlight.objects.filter(id__in=[r.id for r in live]).update(
             deadline_ms=now + extend_ms
         )
