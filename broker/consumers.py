@@ -173,6 +173,9 @@ class Subscription:
     # group if still here when ahead_timer fires (READ_AHEAD_LINGER_S at most).
     ahead: "deque[Delivery]" = field(default_factory=deque)
     ahead_timer: asyncio.TimerHandle | None = None
+    # A read that tops the read-ahead up is under way: acks wait for what it brings (held),
+    # and so does the push task, rather than read beside it and push out of order.
+    reading: bool = False
     # Receipts pushed while reading ahead, with their deadlines: an ack of one of them before
     # its deadline settles a message this subscriber holds, so its credit is given at once,
     # before the ack is stored. A receipt acked already, or not from here, gives none then.
@@ -670,7 +673,7 @@ class BrokerConsumer(AsyncWebsocketConsumer):
         s = self._sub(frame.sub)
         hold_ms = ferry_settings.get("WS_ACK_HOLD_MS")
         presumed = s.presume(frame.receipts)
-        if s.ahead and hold_ms > 0:
+        if (s.ahead or s.reading) and hold_ms > 0:
             await self._hold_ack(s, frame, hold_ms, presumed)
             s.credit += presumed
             await self._push_ahead(s)
@@ -798,7 +801,7 @@ class BrokerConsumer(AsyncWebsocketConsumer):
         if taken:
             s.lend(taken)
             await self._push(s, taken)
-        if wake and s.credit > 0 and not s.ahead:
+        if wake and s.credit > 0 and not s.ahead and not s.reading:
             s.drained = False
             s.wake.set()
 
@@ -859,7 +862,7 @@ class BrokerConsumer(AsyncWebsocketConsumer):
         s.held_timer = None
         held = s.take_held_ack()
         if held is not None:
-            settle = self._settle_and_read_ahead if s.ahead else self._settle_ack
+            settle = self._settle_and_read_ahead if s.ahead and not s.reading else self._settle_ack
             task = asyncio.get_running_loop().create_task(settle(s, held, reply=True))
             self.background.add(task)
             task.add_done_callback(self.background.discard)
@@ -868,23 +871,26 @@ class BrokerConsumer(AsyncWebsocketConsumer):
         """Settle held acks, and read ahead as many messages as the read-ahead lacks, in one
         database call; never raises (the acks are then settled alone, as _settle_ack does)."""
         want = ferry_settings.get("WS_READ_AHEAD") - len(s.ahead)
+        s.reading = True
         try:
             both = await self._ack_then_deliver(
                 s, held.receipts, max(0, want) - held.presumed, ferry_settings.get("WS_PUSH_BATCH")
             )
         except Exception:
+            s.reading = False
             await self._settle_ack(s, held, reply)
             return
         s.credit += both.acked.settled - held.presumed
+        delivered = both.delivered
+        if delivered is not None and delivered.deliveries:
+            self._read_ahead(s, delivered.deliveries)
+        s.reading = False  # what it read is there for the next acks before anything awaits
         if reply:
             with contextlib.suppress(Exception):
                 await self._answer(s, held, both.acked)
-        delivered = both.delivered
         if delivered is None:
             s.wake.set()  # the push task meets what stopped this read
             return
-        if delivered.deliveries:
-            self._read_ahead(s, delivered.deliveries)
         if delivered.generation != s.generation:
             s.seen_generation = delivered.generation
             s.wake.set()
@@ -1094,8 +1100,9 @@ class BrokerConsumer(AsyncWebsocketConsumer):
             s.wake.clear()
             if s.ahead:
                 await self._push_ahead(s, wake=False)
-            # Acks held while messages read ahead wait are settled with the next read.
-            if s.credit > 0 or (s.held_ack is not None and not s.ahead):
+            # Acks held while messages read ahead wait are settled with the next read, and a
+            # read under way for the read-ahead pushes what it brings (and wakes this task).
+            if not s.reading and (s.credit > 0 or (s.held_ack is not None and not s.ahead)):
                 s.drained = False
                 # Taken before the call, so that an ack's delivery meanwhile cannot use it too.
                 reserved = min(s.credit, batch)
