@@ -179,3 +179,34 @@ def test_held_acks__each_frame_answered_as_if_settled_alone():
         (3, 0, (w,)),
     ]
     assert [h.acks for h in held.alone()] == [[(a, 2)], [(b, 0)], [(c, 1)]]
+
+
+@override_settings(FERRY_WS_READ_AHEAD=4)
+async def test_read_ahead__an_ordered_group_still_gets_each_partition_in_order():
+    """An ordered group has one message of a partition in flight at a time: what is read ahead
+    is the next message of the other partitions, so each partition's messages still come in
+    order, one after the other's ack."""
+    from asgiref.sync import sync_to_async
+
+    from broker.core import groups, keys
+
+    secret = await make_key("admin:*")
+    await new_topic("ra6", partitions=3)
+    await sync_to_async(groups.configure_group)(keys.CONSOLE, "g-ordered", ordered=True)
+    for partition in range(3):
+        await produce("ra6", [f"{partition}-{i}" for i in range(4)], partition=partition)
+    async with session(secret) as ws:
+        await send(
+            ws,
+            {"type": "subscribe", "sub": "s", "topic": "ra6", "group": "g-ordered", "prefetch": 1},
+        )
+        got = await frames_until(ws, lambda f: of_type(f, "messages"))
+        (item,) = of_type(got, "messages")[0]["items"]
+        seen = [item]
+        while len(seen) < 12:
+            _, item = await ack_for_next(ws, item)
+            seen.append(item)
+    by_partition: dict[int, list[str]] = {}
+    for m in seen:
+        by_partition.setdefault(m["partition"], []).append(m["value"])
+    assert by_partition == {p: [f"{p}-{i}" for i in range(4)] for p in range(3)}
