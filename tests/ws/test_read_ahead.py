@@ -9,7 +9,7 @@ stop or the subscription ends.
 import pytest
 from django.test import override_settings
 
-from broker import consumers, models
+from broker import consumers, models, subscriptions
 from broker.core.records import SettleResult
 from tests.ws.test_consumers import make_key, new_topic, produce, recv, send, session, sync
 from tests.ws.test_held_acks import count_calls, subscribed
@@ -168,7 +168,7 @@ def test_held_acks__each_frame_answered_as_if_settled_alone():
     a = AckFrame(type="ack", sub="s", ref=1, receipts=[x, y])
     b = AckFrame(type="ack", sub="s", ref=2, receipts=[y, z, z])
     c = AckFrame(type="ack", sub="s", ref=3, receipts=[w])
-    held = consumers.HeldAcks([(a, 2), (b, 0), (c, 1)])
+    held = subscriptions.HeldAcks([(a, 2), (b, 0), (c, 1)])
     assert held.receipts == [x, y, y, z, z, w]
     assert held.presumed == 3
     answers = held.answers(SettleResult(settled=3, stale=(w,)))
