@@ -747,21 +747,24 @@ class BrokerConsumer(AsyncWebsocketConsumer):
     async def _settle_and_read_ahead(self, s: Subscription, held: HeldAcks, reply: bool) -> None:
         """Settle held acks, and read ahead as many messages as the read-ahead lacks, in one
         database call; never raises (the acks are then settled alone, as _settle_ack does)."""
-        want = ferry_settings.get("WS_READ_AHEAD") - len(s.ahead)
+        size = self._read_ahead_for(s, ferry_settings.get("WS_ACK_HOLD_MS"))
+        want = max(0, size - len(s.ahead))
         s.reading = True
         try:
             both = await self._ack_then_deliver(
-                s, held.receipts, max(0, want) - held.presumed, ferry_settings.get("WS_PUSH_BATCH")
+                s, held.receipts, want - held.presumed, ferry_settings.get("WS_PUSH_BATCH")
             )
+            s.credit += both.acked.settled - held.presumed
+            delivered = both.delivered
+            if delivered is not None and delivered.deliveries:
+                # There for the next acks before anything awaits.
+                self._read_ahead(s, delivered.deliveries)
         except Exception:
             s.reading = False
             await self._settle_ack(s, held, reply)
             return
-        s.credit += both.acked.settled - held.presumed
-        delivered = both.delivered
-        if delivered is not None and delivered.deliveries:
-            self._read_ahead(s, delivered.deliveries)
-        s.reading = False  # what it read is there for the next acks before anything awaits
+        finally:
+            s.reading = False
         if reply:
             with contextlib.suppress(Exception):
                 await self._answer(s, held, both.acked)
