@@ -75,8 +75,8 @@ class Subscription:
     last_beat: float = 0.0
     # What the subscriber calls itself; a rejoin after an expiry keeps it.
     client: str = ""
-    # An ack frame waiting to be settled with the next push (FERRY_WS_ACK_HOLD_MS), and the
-    # timer that settles it alone if no push comes first. Whoever takes it settles it.
+    # Ack frames waiting to be settled with the next push or read (FERRY_WS_ACK_HOLD_MS), and
+    # the timer that settles them if none comes first. Whoever takes them settles them.
     held_ack: HeldAcks | None = None
     held_timer: asyncio.TimerHandle | None = None
     # Messages delivered to this member beyond its credit (FERRY_WS_READ_AHEAD), in order: a
