@@ -659,16 +659,21 @@ class BrokerConsumer(AsyncWebsocketConsumer):
         return ahead if hold_ms > 0 and 0 < s.window <= ahead else 0
 
     def _read_ahead(self, s: Subscription, deliveries: Sequence[Delivery]) -> None:
-        """Keep deliveries for the subscriber's next acks; hand back what is left of them after
-        READ_AHEAD_LINGER_S, or a quarter of the time to their deadline if that is shorter, so
-        that a message read ahead still has most of its time when it is pushed."""
+        """Keep deliveries for the subscriber's next acks (_arm_ahead_timer)."""
         s.ahead.extend(deliveries)
         s.drained = False
         if s.ahead_timer is None:
-            left_ms = min(d.deadline_ms for d in deliveries) - log.now_ms()
-            linger = min(READ_AHEAD_LINGER_S, max(0.0, left_ms / 4000))
-            loop = asyncio.get_running_loop()
-            s.ahead_timer = loop.call_later(linger, self._ahead_due, s)
+            self._arm_ahead_timer(s)
+
+    def _arm_ahead_timer(self, s: Subscription) -> None:
+        """Hand back the read-ahead if what is in it now is still there after
+        READ_AHEAD_LINGER_S, or a quarter of the time to its deadline if that is shorter, so
+        that a message read ahead still has most of its time when it is pushed. A subscriber
+        that acks on takes these first (in order) and keeps what was read for it since."""
+        left_ms = min(d.deadline_ms for d in s.ahead) - log.now_ms()
+        linger = min(READ_AHEAD_LINGER_S, max(0.0, left_ms / 4000))
+        s.ahead_old, s.ahead_taken = len(s.ahead), 0
+        s.ahead_timer = asyncio.get_running_loop().call_later(linger, self._ahead_due, s)
 
     async def _push_ahead(self, s: Subscription, wake: bool = True) -> None:
         """Push what the credit lets through from the read-ahead; past it, the push task reads
@@ -683,8 +688,13 @@ class BrokerConsumer(AsyncWebsocketConsumer):
             s.wake.set()
 
     def _ahead_due(self, s: Subscription) -> None:
-        """The read-ahead waited too long for acks: its messages go back to the group."""
+        """If some of the read-ahead waited too long for acks, it all goes back to the group (the
+        younger too, so that it comes back in order); else it gets a new timer."""
         s.ahead_timer = None
+        if s.ahead_taken >= s.ahead_old:
+            if s.ahead:
+                self._arm_ahead_timer(s)
+            return
         left = s.take_ahead()
         if left:
             task = asyncio.get_running_loop().create_task(self._release(s, left))

@@ -81,10 +81,13 @@ class Subscription:
     held_timer: asyncio.TimerHandle | None = None
     # Messages delivered to this member beyond its credit (FERRY_WS_READ_AHEAD), in order: a
     # subscriber that acks each message as it comes gets the next from here, without a
-    # database call; its acks are settled together with the next read. Handed back to the
-    # group if still here when ahead_timer fires (READ_AHEAD_LINGER_S at most).
+    # database call; its acks are settled together with the next read. If some that were here
+    # when ahead_timer was set still are when it fires (READ_AHEAD_LINGER_S at most), all go
+    # back to the group: ahead_old were here then, ahead_taken have gone since.
     ahead: "deque[Delivery]" = field(default_factory=deque)
     ahead_timer: asyncio.TimerHandle | None = None
+    ahead_old: int = 0
+    ahead_taken: int = 0
     # A read that tops the read-ahead up is under way: acks wait for what it brings (held),
     # and so does the push task, rather than read beside it and push out of order.
     reading: bool = False
@@ -130,6 +133,7 @@ class Subscription:
         """The first n messages read ahead (all by default); the timer stops once none is left."""
         count = len(self.ahead) if n is None else min(n, len(self.ahead))
         taken = [self.ahead.popleft() for _ in range(count)]
+        self.ahead_taken += count
         if not self.ahead and self.ahead_timer is not None:
             self.ahead_timer.cancel()
             self.ahead_timer = None

@@ -122,6 +122,28 @@ async def test_read_ahead__handed_back_when_the_acks_stop(monkeypatch):
         assert (third["value"], third["attempt"]) == (2, 1)
 
 
+@override_settings(FERRY_WS_ACK_HOLD_MS=20, FERRY_WS_READ_AHEAD=4)
+async def test_read_ahead__kept_while_the_acks_keep_coming(monkeypatch):
+    """Only what waited the whole linger goes back: a subscriber acking on, slower than the
+    reads but well within the linger per message, keeps its read-ahead, and nothing is handed
+    back (each hand-back wakes every subscriber of the topic)."""
+    import asyncio
+
+    monkeypatch.setattr(consumers, "READ_AHEAD_LINGER_S", 0.2)
+    released = count_calls(monkeypatch, "release_messages")
+    secret = await backlog("ra7", 80)
+    async with session(secret) as ws:
+        await subscribed(ws, "ra7", prefetch=1)
+        (item,) = (await recv(ws))["items"]
+        values = [item["value"]]
+        for _ in range(60):  # about 1.2 s: six lingers
+            await asyncio.sleep(0.02)
+            _, item = await ack_for_next(ws, item)
+            values.append(item["value"])
+    assert values == list(range(61))
+    assert released == []
+
+
 @override_settings(FERRY_WS_ACK_HOLD_MS=10_000, FERRY_WS_READ_AHEAD=4)
 async def test_read_ahead__unsubscribe_hands_it_back_and_keeps_the_held_acks():
     secret = await backlog("ra4", 8)
