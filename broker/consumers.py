@@ -13,7 +13,7 @@ import functools
 import logging
 import sys
 import weakref
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -359,8 +359,7 @@ class BrokerConsumer(AsyncWebsocketConsumer):
             # asyncio.wait: the push task's end (cancelled, or failed) is not this task's; a
             # cancellation of this task itself still propagates.
             await asyncio.wait([s.task])
-        s.take_ahead()  # the leave hands them back with the rest of the member's messages
-        s.lent.clear()
+        s.drop_ahead()  # the leave hands them back with the rest of the member's messages
         await self._leave(s)
 
     async def _send_raw(self, data: bytes) -> None:
@@ -578,18 +577,14 @@ class BrokerConsumer(AsyncWebsocketConsumer):
             s.wake.set()
             if len(together.acks) == 1:
                 raise
-            # One frame's receipts may be what the call refused: each is settled on its own.
-            for one in together.alone():
-                await self._settle_ack(s, one, reply=True)
+            await self._settle_each(s, together, reply=True)
             return
         except BaseException as exc:
             s.credit += reserved - together.presumed
             s.wake.set()
-            if isinstance(exc, Exception):
+            if isinstance(exc, Exception) and len(together.acks) > 1:
                 # The database is away (or a bug): the held frames get the error this one gets.
-                for held_frame, _ in together.acks[:-1]:
-                    with contextlib.suppress(Exception):
-                        await self._send_raw(_error(_failure(exc, "ack"), held_frame.ref, s.sub))
+                await self._refuse(s, HeldAcks(together.acks[:-1]), _failure(exc, "ack"))
             raise
         acked, delivered = result.acked, result.delivered
         got = delivered.deliveries if delivered is not None else ()
@@ -640,7 +635,7 @@ class BrokerConsumer(AsyncWebsocketConsumer):
         if held is None:
             await self._settle_held(s)  # waits for a settlement under way
             return HeldAcks([(frame, 0)])
-        if len(held.receipts) + len(frame.receipts) > ferry_settings.get("MAX_FETCH_MESSAGES"):
+        if not held.fits(frame):
             await self._settle_ack(s, held, reply=True)
             return HeldAcks([(frame, 0)])
         held.acks.append((frame, 0))
@@ -649,6 +644,18 @@ class BrokerConsumer(AsyncWebsocketConsumer):
     async def _answer(self, s: Subscription, acks: HeldAcks, result: SettleResult) -> None:
         for f, share in acks.answers(result):
             await self._send_frame(_settled("acked", f.ref, s.sub, share))
+
+    async def _refuse(self, s: Subscription, acks: HeldAcks, failure: errors.BrokerError) -> None:
+        """Answer each ack frame with failure; never raises (the socket may be closing)."""
+        for f, _ in acks.acks:
+            with contextlib.suppress(Exception):
+                await self._send_raw(_error(failure, f.ref, s.sub))
+
+    async def _settle_each(self, s: Subscription, held: HeldAcks, reply: bool) -> None:
+        """Settle held ack frames one by one: one frame's receipts may be what a call for all
+        of them refused."""
+        for one in held.alone():
+            await self._settle_ack(s, one, reply)
 
     @staticmethod
     def _read_ahead_for(s: Subscription, hold_ms: int) -> int:
@@ -697,9 +704,7 @@ class BrokerConsumer(AsyncWebsocketConsumer):
             return
         left = s.take_ahead()
         if left:
-            task = asyncio.get_running_loop().create_task(self._release(s, left))
-            self.background.add(task)
-            task.add_done_callback(self.background.discard)
+            self._in_background(self._release(s, left))
 
     async def _release(self, s: Subscription, deliveries: list[Delivery]) -> None:
         """Hand messages read ahead back to the group; never raises (if the database is away,
@@ -735,8 +740,7 @@ class BrokerConsumer(AsyncWebsocketConsumer):
         gets its own answer.
         """
         held = s.held_ack
-        limit = ferry_settings.get("MAX_FETCH_MESSAGES")
-        if held is not None and len(held.receipts) + len(frame.receipts) <= limit:
+        if held is not None and held.fits(frame):
             held.acks.append((frame, presumed))
             return
         await self._settle_held(s)
@@ -750,9 +754,13 @@ class BrokerConsumer(AsyncWebsocketConsumer):
         held = s.take_held_ack()
         if held is not None:
             settle = self._settle_and_read_ahead if s.ahead and not s.reading else self._settle_ack
-            task = asyncio.get_running_loop().create_task(settle(s, held, reply=True))
-            self.background.add(task)
-            task.add_done_callback(self.background.discard)
+            self._in_background(settle(s, held, reply=True))
+
+    def _in_background(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run work beside the frames; the next settlement waits for it (_settle_held)."""
+        task = asyncio.get_running_loop().create_task(work)
+        self.background.add(task)
+        task.add_done_callback(self.background.discard)
 
     async def _settle_and_read_ahead(self, s: Subscription, held: HeldAcks, reply: bool) -> None:
         """Settle held acks, and read ahead as many messages as the read-ahead lacks, in one
@@ -809,16 +817,12 @@ class BrokerConsumer(AsyncWebsocketConsumer):
             )
         except Exception as exc:
             if isinstance(exc, errors.BrokerError) and len(held.acks) > 1:
-                # One frame's receipts may be what the call refused: each is settled alone.
-                for one in held.alone():
-                    await self._settle_ack(s, one, reply)
+                await self._settle_each(s, held, reply)
                 return
             s.credit -= held.presumed
             if reply:
                 failure = exc if isinstance(exc, errors.BrokerError) else _failure(exc, "ack")
-                for f, _ in held.acks:
-                    with contextlib.suppress(Exception):
-                        await self._send_raw(_error(failure, f.ref, s.sub))
+                await self._refuse(s, held, failure)
             return
         s.credit += result.settled - held.presumed
         if not s.drained or s.ahead:
@@ -1074,9 +1078,7 @@ class BrokerConsumer(AsyncWebsocketConsumer):
         except errors.BrokerError as exc:
             s.credit, s.pushing = s.credit + reserved, 0
             if len(held.acks) > 1:
-                # One frame's receipts may be what the call refused: each is settled alone.
-                for one in held.alone():
-                    await self._settle_ack(s, one, reply=True)
+                await self._settle_each(s, held, reply=True)
                 return None
             s.credit -= held.presumed
             await self._send_raw(_error(exc, held.acks[0][0].ref, s.sub))
@@ -1086,10 +1088,7 @@ class BrokerConsumer(AsyncWebsocketConsumer):
             if isinstance(exc, Exception):
                 # The database is away (or a bug): answered as the acks' own error, and the
                 # push task fails as its delivery alone would have.
-                failure = _failure(exc, "ack")
-                for f, _ in held.acks:
-                    with contextlib.suppress(Exception):
-                        await self._send_raw(_error(failure, f.ref, s.sub))
+                await self._refuse(s, held, _failure(exc, "ack"))
             raise
         pushed = both.delivered.deliveries if both.delivered is not None else ()
         s.credit, s.pushing = s.credit + credit + both.acked.settled - len(pushed), 0
@@ -1141,8 +1140,7 @@ class BrokerConsumer(AsyncWebsocketConsumer):
     async def _rejoin(self, s: Subscription) -> None:
         # Expired (the process stalled past the session timeout): join again under the same id.
         # What it read ahead went back to the group with the rest of its messages.
-        s.take_ahead()
-        s.lent.clear()
+        s.drop_ahead()
         info = await dbthreads.run(
             functools.partial(
                 membership.join_group,

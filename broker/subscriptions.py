@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from broker import frames
+from broker import settings as ferry_settings
 from broker.core import log
 from broker.core.records import Delivery, SettleResult
 
@@ -31,6 +32,11 @@ class HeldAcks:
     @property
     def presumed(self) -> int:
         return sum(n for _, n in self.acks)
+
+    def fits(self, frame: frames.AckFrame) -> bool:
+        """Whether frame may join these in one call (at most FERRY_MAX_FETCH_MESSAGES)."""
+        limit = ferry_settings.get("MAX_FETCH_MESSAGES")
+        return len(self.receipts) + len(frame.receipts) <= limit
 
     def alone(self) -> "list[HeldAcks]":
         return [HeldAcks([one]) for one in self.acks]
@@ -128,6 +134,11 @@ class Subscription:
             return 0
         now = log.now_ms()
         return sum(1 for r in receipts if self.lent.pop(r, 0) > now)
+
+    def drop_ahead(self) -> None:
+        """Forget the read-ahead and the lent receipts: a leave or an expiry handed them back."""
+        self.take_ahead()
+        self.lent.clear()
 
     def take_ahead(self, n: int | None = None) -> list[Delivery]:
         """The first n messages read ahead (all by default); the timer stops once none is left."""
