@@ -233,10 +233,21 @@ def consume_measured(
     return rate, (cpu_seconds(server_pid) - cpu0) / total
 
 
+@dataclass
+class EndToEnd:
+    """Milliseconds per message, each list sorted: from its publish frame to its arrival; to
+    its `published` answer; from that answer to its arrival (where the time goes: the commit,
+    or the push after it)."""
+
+    arrived: list[float]
+    answered: list[float]
+    pushed: list[float]
+
+
 async def end_to_end(
     ws_url: str, secret: str, topic: str, rate: int = LATENCY_RATE, seconds: int = LATENCY_SECONDS
-) -> list[float]:
-    """Milliseconds from a single-message publish frame to its arrival, at rate msgs/s."""
+) -> EndToEnd:
+    """Single-message publish frames at rate msgs/s to a subscriber of the topic."""
     total = rate * seconds
     async with await open_ws(ws_url, secret) as sub, await open_ws(ws_url, secret) as pub:
         await subscribe(sub, topic, "bench-e2e", prefetch=64, **{"from": "latest"})
@@ -252,9 +263,12 @@ async def end_to_end(
                     receipts = [m["receipt"] for m in data["items"]]
                     await sub.send(frame(type="ack", sub="s", receipts=receipts))
 
+        answered: dict[int, float] = {}
+
         async def answers() -> None:
-            for _ in range(total):
+            for i in range(total):
                 await expect(pub, "published")
+                answered[i] = time.perf_counter()
 
         sent_at: dict[int, float] = {}
         tasks = asyncio.gather(listen(), answers())
@@ -266,7 +280,11 @@ async def end_to_end(
             sent_at[i] = time.perf_counter()
             await pub.send(frame(type="publish", topic=topic, messages=[{"value": i}]))
         await asyncio.wait_for(tasks, 120)
-    return sorted((arrived[i] - sent_at[i]) * 1000 for i in range(total))
+    return EndToEnd(
+        sorted((arrived[i] - sent_at[i]) * 1000 for i in range(total)),
+        sorted((answered[i] - sent_at[i]) * 1000 for i in range(total)),
+        sorted((arrived[i] - answered[i]) * 1000 for i in range(total)),
+    )
 
 
 def start_bare(port: int, log_path: Path, server: str) -> subprocess.Popen[bytes]:
@@ -414,14 +432,21 @@ def run(args: argparse.Namespace, tmp: Path, fig: Figures) -> dict[str, float]:
             e2e_rate = args.e2e_rate
             progress(f"end to end: {e2e_rate} single-message publishes/s for {LATENCY_SECONDS} s")
             cpu0, client0, wall0 = cpu_seconds(server.pid), cpu_seconds(os.getpid()), time.time()
-            e2e = asyncio.run(end_to_end(ws_url, secret, e2e_topic, e2e_rate))
+            timings = asyncio.run(end_to_end(ws_url, secret, e2e_topic, e2e_rate))
             wall = time.time() - wall0
             cpu, client_cpu = cpu_seconds(server.pid) - cpu0, cpu_seconds(os.getpid()) - client0
+            e2e = timings.arrived
             out["e2e_p50"], out["e2e_p99"] = p(e2e, 0.5), p(e2e, 0.99)
             fig.add(
                 f"end to end at {e2e_rate} msgs/s",
                 f"p50 {p(e2e, 0.5):.2f} ms, p99 {p(e2e, 0.99):.2f} ms",
                 f"(target p50 <= {TARGET_E2E_P50_MS:.0f}, p99 <= {TARGET_E2E_P99_MS:.0f} ms)",
+            )
+            answered, pushed = timings.answered, timings.pushed
+            fig.add(
+                "… publish to its answer / answer to arrival",
+                f"p50 {p(answered, 0.5):.2f} / {p(pushed, 0.5):.2f} ms",
+                f"p99 {p(answered, 0.99):.2f} / {p(pushed, 0.99):.2f} ms",
             )
             # Both processes share the machine's cores: how busy each was says whether the
             # latency is the server's work or the machine's limit.

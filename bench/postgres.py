@@ -711,7 +711,7 @@ def ferry_single(
         progress(f"  p50 {statistics.median(out.round_trip):.2f} ms")
         seconds = max(2, round(E2E_SECONDS * args.scale))
         progress(f"end to end: {E2E_RATE} msgs/s for {seconds} s")
-        out.e2e = asyncio.run(end_to_end(ws_url, secret, e2e, E2E_RATE, seconds))
+        out.e2e = asyncio.run(end_to_end(ws_url, secret, e2e, E2E_RATE, seconds)).arrived
         progress(f"  p50 {statistics.median(out.e2e):.2f} ms")
     finally:
         stop_daphne(proc)

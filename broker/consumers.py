@@ -243,7 +243,14 @@ class BrokerConsumer(AsyncWebsocketConsumer):
         self.channel_receive = functools.partial(events.receive, self.channel_name)
         self.base_send = send
         try:
-            await await_many_dispatch([receive, self.channel_receive], self.dispatch)
+            if events.layer_is_redis():
+                await await_many_dispatch([receive, self.channel_receive], self.dispatch)
+            else:
+                # The in-memory layer brings this consumer nothing: this process's wake-ups
+                # come straight from the commits (events.join), and no other process has one.
+                # Frames alone, without channels' wait on two receives per frame.
+                while True:
+                    await self.dispatch(await receive())
         except StopConsumer:
             pass
         except Exception as exc:
@@ -485,7 +492,7 @@ class BrokerConsumer(AsyncWebsocketConsumer):
             client=frame.client or "",
         )
         self.subs[s.sub] = s
-        await events.join(events.topic_group(s.topic_id), self.channel_name)
+        await events.join(events.topic_group(s.topic_id), self.channel_name, self._woken)
         await self._send_frame(
             {
                 "type": "subscribed",
@@ -928,9 +935,15 @@ class BrokerConsumer(AsyncWebsocketConsumer):
     # Channel-layer events: wake-ups only; the push task reads the database itself.
 
     async def ferry_messages_appended(self, event: dict[str, Any]) -> None:
-        self._wake(event["topic_id"])
+        if not events.from_here(event):
+            self._wake(event["topic_id"])
 
     async def ferry_messages_returned(self, event: dict[str, Any]) -> None:
+        if not events.from_here(event):
+            self._wake(event["topic_id"])
+
+    def _woken(self, event: dict[str, Any]) -> None:
+        """This process's events, straight from the commit (events.join)."""
         self._wake(event["topic_id"])
 
     def _wake(self, topic_id: int) -> None:

@@ -9,7 +9,9 @@ re-read the database every FERRY_WAKEUP_POLL_MS, and the layer is probed until i
 import asyncio
 import contextlib
 import logging
+import os
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, TypeVar, cast
 
@@ -86,6 +88,22 @@ _probe: "asyncio.Task[None] | None" = None
 # Layer groups this process's listeners belong to, (group, channel): a restarted Redis has lost
 # them, so they are added again when the layer is back.
 _memberships: set[tuple[str, str]] = set()
+Wake = Callable[[dict[str, Any]], None]
+# Listeners of this process woken without the layer: by group, each listener's channel with its
+# loop and its callback (join(..., wake=...)).
+_local: dict[str, dict[str, tuple[asyncio.AbstractEventLoop, Wake]]] = {}
+# This process's channels in each layer group.
+_layer_members: dict[str, set[str]] = {}
+# Events sent from this process say so: its listeners woken directly skip the layer's copy.
+ORIGIN = uuid.uuid4().hex
+
+
+def _new_origin() -> None:
+    global ORIGIN
+    ORIGIN = uuid.uuid4().hex  # a forked child (a Celery worker's) is another process
+
+
+os.register_at_fork(after_in_child=_new_origin)
 # The channels of this process's waiting long polls, and whether it is shutting down.
 _polls: set[str] = set()
 _stopping = False
@@ -198,8 +216,19 @@ async def _answers() -> bool:
     return True
 
 
-async def join(group: str, channel: str) -> None:
-    """Add channel to a layer group; never fails (a down layer re-adds it when it is back)."""
+async def join(group: str, channel: str, wake: Wake | None = None) -> None:
+    """Add channel to a layer group; never fails (a down layer re-adds it when it is back).
+
+    With wake, this process's events to group call wake on the caller's loop at once, without
+    the layer, which then carries only other processes' events (if any process can send one:
+    Redis; the in-memory layer is this process's alone, so the channel does not join it). Such
+    a listener ignores the layer's copies of this process's events (from_here).
+    """
+    if wake is not None:
+        _local.setdefault(group, {})[channel] = (asyncio.get_running_loop(), wake)
+        if not layer_is_redis():
+            return
+    _layer_members.setdefault(group, set()).add(channel)
     _memberships.add((group, channel))
     if not layer_up() and _probing():
         return
@@ -211,6 +240,16 @@ async def join(group: str, channel: str) -> None:
 
 async def leave(group: str, channel: str) -> None:
     """Remove channel from a layer group; never fails (Redis expires the entry in the end)."""
+    listeners = _local.get(group, {})
+    direct = listeners.pop(channel, None) is not None
+    if not listeners:
+        _local.pop(group, None)
+    if direct and not layer_is_redis():
+        return
+    members = _layer_members.get(group, set())
+    members.discard(channel)
+    if not members:
+        _layer_members.pop(group, None)
     _memberships.discard((group, channel))
     if not layer_up():
         return
@@ -252,14 +291,39 @@ _sending: dict[tuple[asyncio.AbstractEventLoop, str], dict[str, Any] | None] = {
 _send_tasks: set["asyncio.Task[None]"] = set()
 
 
+def _wake_local(loop: asyncio.AbstractEventLoop | None, group: str, event: dict[str, Any]) -> None:
+    """Call the direct listeners of group: at once on loop (the caller's), else on their own."""
+    for listener_loop, wake in list(_local.get(group, {}).values()):
+        if listener_loop is loop:
+            wake(event)
+        else:
+            with contextlib.suppress(RuntimeError):  # its loop has closed
+                listener_loop.call_soon_threadsafe(wake, event)
+
+
+def _layer_muted() -> bool:
+    # Listeners here poll the database meanwhile; the probe tells when it is back.
+    return not layer_up() and _probing()
+
+
+def _layer_needed(group: str) -> bool:
+    """Whether anyone but this process's direct listeners may hear group through the layer: any
+    other process (Redis), or a long poll here."""
+    return layer_is_redis() or bool(_layer_members.get(group))
+
+
 def _start_send(loop: asyncio.AbstractEventLoop, group: str, event: dict[str, Any]) -> None:
-    """On loop: send, or, while a send to the group is under way, send once more after it.
+    """On loop: wake the direct listeners, then send through the layer if anyone else may
+    listen; while a send to the group is under way, send once more after it.
 
     A wake-up is the same whatever commit asked for it (listeners read the database again), so
     a burst of commits costs two sends, not one each: a send through Redis costs the broker
     more CPU than the commit it announces (docs/benchmarks.md). The last send always starts
     after the last commit, so no listener misses one.
     """
+    _wake_local(loop, group, event)
+    if not _layer_needed(group) or _layer_muted():
+        return
     key = (loop, group)
     if key in _sending:
         _sending[key] = event
@@ -286,18 +350,24 @@ async def _send_coalesced(
 
 
 def _send(group: str, event: dict[str, Any]) -> None:
-    if not layer_up() and _probing():
-        return  # listeners here poll the database meanwhile; the probe tells when it is back
+    event["origin"] = ORIGIN
     loop = _loop_for_send()
     try:
         if loop is not None:
-            # Off the server's loop: hand the send to it, which owns the layer's queues,
-            # without waiting for it.
+            # Off the server's loop: hand the wake-ups and the send to it, which owns the
+            # layer's queues, without waiting for them.
             loop.call_soon_threadsafe(_start_send, loop, group, event)
-        else:
+            return
+        _wake_local(None, group, event)
+        if _layer_needed(group) and not _layer_muted():
             async_to_sync(_guarded_send)(group, event)
     except Exception:
         logger.exception("could not publish %s to %s", event.get("type"), group)
+
+
+def from_here(event: dict[str, Any]) -> bool:
+    """Whether event was sent by this process (its direct listeners had it already)."""
+    return event.get("origin") == ORIGIN
 
 
 def publish_on_commit(group: str, event: dict[str, Any]) -> None:

@@ -167,7 +167,7 @@ async def test_wake_ups_of_a_burst_of_commits_coalesce(slow_layer):
     events.listen_here()
     layer = channel_layers["default"]
     channel = await layer.new_channel("t.")  # type: ignore[call-arg]
-    await layer.group_add("ferry.topic.7", channel)
+    await events.join("ferry.topic.7", channel)
 
     def commits() -> None:  # on a database thread, as after each commit
         for n in range(10):
@@ -185,3 +185,46 @@ async def test_wake_ups_of_a_burst_of_commits_coalesce(slow_layer):
     while len(heard) < len(slow_layer.sent):
         heard.append(await asyncio.wait_for(layer.receive(channel), 1))
     assert heard[-1]["n"] == 9
+    await events.leave("ferry.topic.7", channel)
+
+
+async def test_direct_listener__woken_at_once_and_the_layer_only_for_its_members(slow_layer):
+    """A listener that joins with a wake callback hears this process's events straight from the
+    commit; the in-memory layer carries them only to the group's other members (a long poll)."""
+    events.listen_here()
+    group = "ferry.topic.8"
+    woken: list[dict[str, Any]] = []
+    await events.join(group, "direct", woken.append)
+
+    def commit(n: int) -> None:  # on a database thread, as after each commit
+        events._send(group, {"type": events.MESSAGES_APPENDED, "n": n})
+
+    async def until(count: int) -> None:
+        for _ in range(100):
+            if len(woken) >= count and not events._sending:
+                return
+            await asyncio.sleep(0.01)
+
+    await asyncio.to_thread(commit, 1)
+    await until(1)
+    assert [e["n"] for e in woken] == [1]
+    assert events.from_here(woken[0])
+    assert slow_layer.sent == []  # nobody listens through the layer
+
+    layer = channel_layers["default"]
+    polling = await layer.new_channel("poll.")  # type: ignore[call-arg]
+    await events.join(group, polling)
+    await asyncio.to_thread(commit, 2)
+    await until(2)
+    assert [e["n"] for e in woken] == [1, 2]
+    assert slow_layer.sent == [2]
+    assert (await asyncio.wait_for(layer.receive(polling), 1))["n"] == 2
+
+    await events.leave(group, polling)
+    await events.leave(group, "direct")
+    assert group not in events._local
+    assert group not in events._layer_members
+    await asyncio.to_thread(commit, 3)
+    await asyncio.sleep(0.05)
+    assert [e["n"] for e in woken] == [1, 2]
+    assert slow_layer.sent == [2]

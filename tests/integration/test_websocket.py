@@ -38,7 +38,7 @@ def subscribe(ws, topic, group="g", **fields):
     return recv_type(ws, "subscribed")
 
 
-def test_push__published_on_one_process_reaches_a_subscriber_on_another(
+def test_push__published_on_one_process_reaches_subscribers_on_both(
     redis_url, key_factory, topic_factory
 ):
     topic = topic_factory().name
@@ -48,8 +48,14 @@ def test_push__published_on_one_process_reaches_a_subscriber_on_another(
     a, url_a = start_daphne(**env)
     b, url_b = start_daphne(**env)
     try:
-        with open_ws(url_b, secret) as subscriber, open_ws(url_a, secret) as producer:
+        with (
+            open_ws(url_b, secret) as subscriber,
+            open_ws(url_a, secret) as producer,
+            open_ws(url_a, secret) as neighbour,
+        ):
             subscribe(subscriber, topic)
+            # On the producer's process: woken straight from the commit, not through Redis.
+            subscribe(neighbour, topic, group="g2")
             started = time.monotonic()
             send(
                 producer,
@@ -58,10 +64,12 @@ def test_push__published_on_one_process_reaches_a_subscriber_on_another(
             assert recv_type(producer, "published")["results"][0]["offset"] == 0
             items = recv_type(subscriber, "messages", timeout=5)["items"]
             elapsed = time.monotonic() - started
+            near = recv_type(neighbour, "messages", timeout=5)["items"]
     finally:
         stop(a)
         stop(b)
     assert [m["value"] for m in items] == ["hi"]
+    assert [m["value"] for m in near] == ["hi"]
     assert elapsed < 3, elapsed
 
 

@@ -319,22 +319,22 @@ async def test_subscribe__client_name_shown_with_the_member():
         assert member.host.startswith("websocket")
 
 
-async def test_connection_failure__closes_4500_and_the_member_leaves():
+async def test_connection_failure__closes_4500_and_the_member_leaves(monkeypatch):
     """Issue 17: whatever ends the connection ends its members; never 1011."""
-    from channels.layers import get_channel_layer
-
     from broker import models
-    from broker.core import events
+    from broker.consumers import BrokerConsumer
+
+    async def broken(self, text_data=None, bytes_data=None):
+        raise RuntimeError("a bug below the frame handlers")
 
     secret = await make_key("admin:*")
-    info = await new_topic("breaks")
+    await new_topic("breaks")
     ws = await connect(secret)
     await send(ws, {"type": "subscribe", "sub": "s", "topic": "breaks", "group": "g"})
     await recv_type(ws, "subscribed")
-    # An event the consumer cannot handle: its application fails.
-    layer = get_channel_layer()
-    assert layer is not None
-    await layer.group_send(events.topic_group(info.id), {"type": "ferry.messages_appended"})
+    # A failure the frame handlers do not answer: the consumer's application fails.
+    monkeypatch.setattr(BrokerConsumer, "receive", broken)
+    await send(ws, {"type": "ping"})
     closed = await ws.receive_output(timeout=3)
     assert closed == {"type": "websocket.close", "code": 4500}
     await ws.wait(timeout=3)
