@@ -313,7 +313,7 @@ def _layer_needed(group: str) -> bool:
 
 
 def _start_send(loop: asyncio.AbstractEventLoop, group: str, event: dict[str, Any]) -> None:
-    """On loop: wake the direct listeners, then send through the layer if anyone else may
+    """On loop: wake the direct listeners (soon), and send through the layer if anyone else may
     listen; while a send to the group is under way, send once more after it.
 
     A wake-up is the same whatever commit asked for it (listeners read the database again), so
@@ -321,7 +321,9 @@ def _start_send(loop: asyncio.AbstractEventLoop, group: str, event: dict[str, An
     more CPU than the commit it announces (docs/benchmarks.md). The last send always starts
     after the last commit, so no listener misses one.
     """
-    _wake_local(loop, group, event)
+    # Two turns of the loop later: the commit's own callers (a group commit's producers) are
+    # answered first, and the deliveries' database calls start after their answers are out.
+    loop.call_soon(loop.call_soon, _wake_local, loop, group, event)
     if not _layer_needed(group) or _layer_muted():
         return
     key = (loop, group)
