@@ -292,13 +292,18 @@ _send_tasks: set["asyncio.Task[None]"] = set()
 
 
 def _wake_local(loop: asyncio.AbstractEventLoop | None, group: str, event: dict[str, Any]) -> None:
-    """Call the direct listeners of group: at once on loop (the caller's), else on their own."""
-    for listener_loop, wake in list(_local.get(group, {}).values()):
+    """Call the direct listeners of group: at once on loop (the caller's), else on their own.
+
+    A listener whose loop has closed without leaving (a test's) is forgotten."""
+    listeners = _local.get(group, {})
+    for channel, (listener_loop, wake) in list(listeners.items()):
         if listener_loop is loop:
             wake(event)
-        else:
-            with contextlib.suppress(RuntimeError):  # its loop has closed
-                listener_loop.call_soon_threadsafe(wake, event)
+            continue
+        try:
+            listener_loop.call_soon_threadsafe(wake, event)
+        except RuntimeError:  # its loop has closed
+            listeners.pop(channel, None)
 
 
 def _layer_muted() -> bool:
