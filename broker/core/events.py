@@ -104,6 +104,7 @@ def _new_origin() -> None:
 
 
 os.register_at_fork(after_in_child=_new_origin)
+
 # The channels of this process's waiting long polls, and whether it is shutting down.
 _polls: set[str] = set()
 _stopping = False
