@@ -1,5 +1,7 @@
 """WebSocket push against real Daphne: across processes through Redis, shutdown, catch-up."""
 
+import subprocess
+import tempfile
 import time
 
 import orjson
@@ -8,7 +10,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
 from broker import models
-from tests.integration.conftest import start_daphne, stop
+from tests.integration.conftest import ROOT, free_port, start_daphne, stop
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
@@ -70,6 +72,40 @@ def test_push__published_on_one_process_reaches_subscribers_on_both(
         stop(b)
     assert [m["value"] for m in items] == ["hi"]
     assert [m["value"] for m in near] == ["hi"]
+    assert elapsed < 3, elapsed
+
+
+def test_push__on_the_committing_process_needs_no_redis(key_factory, topic_factory):
+    """A subscriber on the process that committed the message is woken straight from the
+    commit, also while Redis is unreachable (docs/operations.md): not after a database poll."""
+    topic = topic_factory().name
+    _, secret = key_factory("admin:*")
+    redis_script = str(ROOT / "scripts" / "redis")
+    with tempfile.TemporaryDirectory(prefix="ferry-redis-") as directory:
+        started = subprocess.run(
+            [redis_script, "start", directory, str(free_port())],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+        redis_url = started.stdout.strip().splitlines()[-1]
+        # Long heartbeats and database polls: only the wake-up can bring the message quickly.
+        server, url = start_daphne(
+            REDIS_URL=redis_url, FERRY_WAKEUP_POLL_MS="30000", FERRY_HEARTBEAT_INTERVAL_MS="20000"
+        )
+        try:
+            with open_ws(url, secret) as subscriber, open_ws(url, secret) as producer:
+                subscribe(subscriber, topic)
+                subprocess.run([redis_script, "stop", directory], check=True, capture_output=True)
+                started_at = time.monotonic()
+                send(producer, {"type": "publish", "topic": topic, "messages": [{"value": 1}]})
+                recv_type(producer, "published")
+                items = recv_type(subscriber, "messages", timeout=10)["items"]
+                elapsed = time.monotonic() - started_at
+        finally:
+            stop(server)
+            subprocess.run([redis_script, "stop", directory], check=False, capture_output=True)
+    assert [m["value"] for m in items] == [1]
     assert elapsed < 3, elapsed
 
 
