@@ -85,15 +85,13 @@ def _layer() -> _ChannelLayer:
 # it goes down and once when it is back, never per request.
 _down_since: float | None = None
 _probe: "asyncio.Task[None] | None" = None
-# Layer groups this process's listeners belong to, (group, channel): a restarted Redis has lost
-# them, so they are added again when the layer is back.
-_memberships: set[tuple[str, str]] = set()
+# Layer groups this process's listeners belong to, each with their channels: a restarted Redis
+# has lost them, so they are added again when the layer is back.
+_memberships: dict[str, set[str]] = {}
 Wake = Callable[[dict[str, Any]], None]
 # Listeners of this process woken without the layer: by group, each listener's channel with its
 # loop and its callback (join(..., wake=...)).
 _local: dict[str, dict[str, tuple[asyncio.AbstractEventLoop, Wake]]] = {}
-# This process's channels in each layer group.
-_layer_members: dict[str, set[str]] = {}
 # Events sent from this process say so: its listeners woken directly skip the layer's copy.
 ORIGIN = uuid.uuid4().hex
 
@@ -179,7 +177,7 @@ async def _probe_until_back() -> None:
                 await layer.group_send(PROBE_GROUP, {"type": "ferry.probe"})
             # Until none is left: listeners may join while this runs.
             added: set[tuple[str, str]] = set()
-            while todo := _memberships - added:
+            while todo := {(g, c) for g, cs in _memberships.items() for c in cs} - added:
                 for group, channel in todo:
                     async with asyncio.timeout(LAYER_TIMEOUT_S):
                         await layer.group_add(group, channel)
@@ -229,8 +227,7 @@ async def join(group: str, channel: str, wake: Wake | None = None) -> None:
         _local.setdefault(group, {})[channel] = (asyncio.get_running_loop(), wake)
         if not layer_is_redis():
             return
-    _layer_members.setdefault(group, set()).add(channel)
-    _memberships.add((group, channel))
+    _memberships.setdefault(group, set()).add(channel)
     if not layer_up() and _probing():
         return
     try:
@@ -247,11 +244,10 @@ async def leave(group: str, channel: str) -> None:
         _local.pop(group, None)
     if direct and not layer_is_redis():
         return
-    members = _layer_members.get(group, set())
+    members = _memberships.get(group, set())
     members.discard(channel)
     if not members:
-        _layer_members.pop(group, None)
-    _memberships.discard((group, channel))
+        _memberships.pop(group, None)
     if not layer_up():
         return
     try:
@@ -315,7 +311,7 @@ def _layer_muted() -> bool:
 def _layer_needed(group: str) -> bool:
     """Whether anyone but this process's direct listeners may hear group through the layer: any
     other process (Redis), or a long poll here."""
-    return layer_is_redis() or bool(_layer_members.get(group))
+    return layer_is_redis() or bool(_memberships.get(group))
 
 
 def _start_send(loop: asyncio.AbstractEventLoop, group: str, event: dict[str, Any]) -> None:
