@@ -35,8 +35,12 @@ from typing import Any, NamedTuple
 from psycopg import errors as pg_errors
 from psycopg import pq
 from psycopg._preparing import Prepare
-from psycopg.adapt import AdaptersMap, PyFormat, Transformer
+from psycopg.adapt import AdaptersMap, Loader, PyFormat, Transformer
 from psycopg.types.numeric import Int8BinaryDumper
+
+# Rows come back in binary: a bytea value as its bytes (not hex text twice its size for the
+# server to write and the driver to decode), numbers without a parse.
+BINARY = pq.Format.BINARY
 
 _PLACEHOLDER = re.compile(r"%(.)", re.DOTALL)
 
@@ -121,6 +125,17 @@ class _Int8Context:
         self.connection = raw
         self.adapters = AdaptersMap(raw.adapters)
         self.adapters.register_dumper(int, Int8BinaryDumper)
+        # Django reads jsonb columns as text (its JSONField parses them itself).
+        self.adapters.register_loader("jsonb", _JsonbAsText)
+
+
+class _JsonbAsText(Loader):
+    """A binary jsonb as its text, as Django's own (text) loader gives it."""
+
+    format = BINARY
+
+    def load(self, data: Any) -> str:
+        return bytes(data[1:]).decode()  # a version byte (1), then the JSON text
 
 
 class _Session:
@@ -203,13 +218,19 @@ def execute(
             prep, name = cache.get(query)
             if prep is Prepare.NO:
                 pgconn.send_query_params(
-                    query.query, values, param_types=query.types, param_formats=formats
+                    query.query,
+                    values,
+                    param_types=query.types,
+                    param_formats=formats,
+                    result_format=BINARY,
                 )
             else:
                 if prep is Prepare.SHOULD:
                     pgconn.send_prepare(name, query.query, param_types=query.types)
                     expected.append(None)
-                pgconn.send_query_prepared(name, values, param_formats=formats)
+                pgconn.send_query_prepared(
+                    name, values, param_formats=formats, result_format=BINARY
+                )
             key = cache.maybe_add_to_cache(query, prep, name)
             if key is None and prep is Prepare.SHOULD:
                 key = cache.key(query)  # checked too: an aborted PREPARE must not count

@@ -1,5 +1,6 @@
 """The hot paths' statements straight through libpq (core/pgwire.py), on PostgreSQL."""
 
+import datetime
 import hashlib
 import os
 from typing import Any
@@ -48,12 +49,30 @@ def test_native__numbers_placeholders_and_unescapes_percent():
 
 @pytest.mark.django_db(transaction=True)
 def test_run__dumps_and_loads_as_djangos_cursor_does():
-    sql = "SELECT %s::bigint, %s::text, %s::bytea, %s::boolean, %s::text, %s::jsonb"
-    params: list[Any] = [2**40, "zé", b"\x00\xff", True, None, '{"a": 1}']
+    # Rows come back in binary here, as text through Django's cursor: the same Python values,
+    # for every column type the models have (json and jsonb as their text, as Django reads
+    # them; timestamps aware, in the session's time zone).
+    sql = (
+        "SELECT %s::bigint, %s::text, %s::bytea, %s::boolean, %s::text, %s::jsonb, %s::json, "
+        "%s::integer, %s::varchar(20), %s::timestamptz, '{\"b\": [1, 2]}'::jsonb"
+    )
+    params: list[Any] = [
+        *(2**40, "zé", b"\x00\xff", True, None, '{"a": 1}', '{"c":  3}', 7, "x"),
+        datetime.datetime(2026, 11, 26, 5, 0, 1, 250, tzinfo=datetime.UTC),
+    ]
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         expected = cursor.fetchall()
     assert bulk.run(sql, params) == expected
+    assert isinstance(expected[0][5], str) and isinstance(expected[0][10], str)
+    group = models.ConsumerGroup.objects.create(name="wire-types", retry_delays_ms=[5, 50])
+    (read,) = bulk.select_models(models.ConsumerGroup, "WHERE id = %s", [group.id])
+    assert _fields(read) == _fields(models.ConsumerGroup.objects.get(id=group.id))
+    assert read.retry_delays_ms == [5, 50]
+
+
+def _fields(instance: models.ConsumerGroup) -> dict[str, Any]:
+    return {f.attname: getattr(instance, f.attname) for f in instance._meta.concrete_fields}
     assert bulk.run("SELECT 1 WHERE false") == []
     assert bulk.run(SET_TIMEOUT, [1, "nobody"]) == []
 
