@@ -42,6 +42,11 @@ def receipt(token: str, partition_id: int, offset: int) -> str:
     return f"{token}.{partition_id:x}.{offset:x}"
 
 
+def receipt_prefix(token: str, partition_id: int) -> str:
+    """What receipt() puts before the offset, for a run of messages of one partition."""
+    return f"{token}.{partition_id:x}."
+
+
 # One match for the whole receipt. A settlement parses each of its receipts several times
 # (validation, the partitions to lock, the runs read ahead, the runs they name), so the answers
 # for the last few thousand are kept.
@@ -61,12 +66,31 @@ def _parse_short(text: str) -> tuple[str, int, int] | None:
     found = _RECEIPT.fullmatch(text)
     if found is None:
         return None
-    token, partition, where = found.groups()
-    partition_id, offset = int(partition, 16), int(where, 16)
+    return _numbers(*found.groups())
+
+
+# A list of receipts checked and taken apart in two calls into the regex engine, not one each.
+_RECEIPT_LINES = re.compile(r"(?:[0-9a-f]{1,16}\.[0-9a-f]{1,16}\.[0-9a-f]{1,16}\n)*")
+_RECEIPT_LINE = re.compile(r"([0-9a-f]{1,16})\.([0-9a-f]{1,16})\.([0-9a-f]{1,16})\n")
+
+
+def parse_receipts(receipts: list[str]) -> list[tuple[str, int, int] | None]:
+    """_parse_receipt of each receipt (None for a string that is not one), for a whole ack."""
+    joined = "\n".join(receipts) + "\n"
+    if _RECEIPT_LINES.fullmatch(joined):
+        parts = _RECEIPT_LINE.findall(joined)
+        # As many as receipts: none of them held a line break of its own.
+        if len(parts) == len(receipts):
+            return [_numbers(token, partition, offset) for token, partition, offset in parts]
+    return [_parse_receipt(text) for text in receipts]
+
+
+def _numbers(token: str, partition: str, offset: str) -> tuple[str, int, int] | None:
+    partition_id, where = int(partition, 16), int(offset, 16)
     # Numbers past 63 bits cannot name a row (and would overflow the query).
-    if partition_id >= 2**63 or offset >= 2**63:
+    if partition_id >= 2**63 or where >= 2**63:
         return None
-    return token, partition_id, offset
+    return token, partition_id, where
 
 
 def _row(r: models.InFlight, first: int, last: int) -> tuple[object, ...]:

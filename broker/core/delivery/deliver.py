@@ -342,12 +342,22 @@ class _Batch:
         scanned, taken, expired = 0, 0, []
         ttl, everything = self.topic.message_ttl_ms, self.match.is_everything
         run_start = -1  # first offset of the run being taken, -1 when none
+        # Every message goes out as it is (no filter, TTL, trace or auto-ack): taken whole.
+        plain = everything and ttl is None and not self.topic.trace and not self.auto_ack
         while taken < wanted and position < p.next_offset and scanned < SCAN_LIMIT:
             chunk = log.read_partition(
                 p.id, p.number, position, wanted - taken if everything else 500
             )
             if not chunk:
                 break
+            if plain:
+                if run_start < 0:
+                    run_start = chunk[0].offset
+                self._hand_out_plain(row.partition_id, chunk)
+                taken += len(chunk)
+                scanned += len(chunk)
+                position = chunk[-1].offset + 1
+                continue
             for m in chunk:
                 scanned += 1
                 position = m.offset + 1
@@ -374,6 +384,13 @@ class _Batch:
             deadletters.dead_letter_messages(
                 self.group, self.topic, self.subscriber, expired, "expired", self.now
             )
+
+    def _hand_out_plain(self, partition_id: int, messages: list[StoredMessage]) -> None:
+        """_hand_out of each message, first attempts with receipts and no trace, in one go."""
+        prefix, deadline_ms = inflight.receipt_prefix(self.token, partition_id), self.deadline_ms
+        self.deliveries.extend(
+            [Delivery(m, f"{prefix}{m.offset:x}", 1, deadline_ms) for m in messages]
+        )
 
     def _receipt(self, partition_id: int, offset: int) -> str:
         return "" if self.auto_ack else inflight.receipt(self.token, partition_id, offset)

@@ -4,7 +4,8 @@ See docs/semantics.md#acknowledgements and docs/architecture.md#in-flight-by-run
 """
 
 import bisect
-from typing import Any, NamedTuple
+import threading
+from typing import Any, NamedTuple, cast
 
 import orjson
 from django.db.models import F, Q
@@ -26,7 +27,7 @@ def _validate_receipts(receipts: list[str]) -> list[str]:
     if any(not isinstance(r, str) or not 0 < len(r) <= RECEIPT_MAX for r in receipts):
         raise errors.InvalidRequest(f"A receipt is a string of 1 to {RECEIPT_MAX} characters.")
     # A malformed receipt is the client's mistake, not a stale delivery (docs/api.md).
-    malformed = [r for r in receipts if inflight._parse_receipt(r) is None]
+    malformed = [r for r, where in zip(receipts, _parsed(receipts), strict=True) if where is None]
     if malformed:
         raise errors.InvalidRequest(
             f"{malformed[0]!r} is not a receipt (token.partition.offset, in hex).",
@@ -73,14 +74,40 @@ def _array(values: list[Any]) -> Any:
     return orjson.dumps(values).decode() if bulk.vendor() == "sqlite" else values
 
 
-def _named_reads(
-    group_id: int, receipts: list[str]
-) -> list[tuple[tuple[int, int, int, int], list[tuple[str, str, int]]]]:
+_NamedReads = list[tuple[tuple[int, int, int, int], list[tuple[str, str, int]]]]
+_Parsed = tuple[tuple[str, ...], list[tuple[str, int, int] | None]]  # receipts, and parsed
+_Reads = tuple[tuple[int, tuple[str, ...]], _NamedReads]  # (group id, receipts), and reads
+# This thread's last receipts parsed, and the last _named_reads: a settlement looks at its
+# receipts several times (the runs read ahead with the offsets' lock, the check, the runs).
+_last = threading.local()
+
+
+def _parsed(receipts: list[str]) -> list[tuple[str, int, int] | None]:
+    """inflight.parse_receipts(receipts), parsed once for the settlement that asks again."""
+    key = tuple(receipts)
+    last = cast(_Parsed | None, getattr(_last, "parsed", None))
+    if last is not None and last[0] == key:
+        return last[1]
+    parsed = inflight.parse_receipts(receipts)
+    _last.parsed = (key, parsed)
+    return parsed
+
+
+def _named_reads(group_id: int, receipts: list[str]) -> _NamedReads:
     """The SELECT_NAMED parameters _named reads with, one per partition the receipts name,
     each with its (receipt, token, offset) triples."""
+    key = (group_id, tuple(receipts))
+    last = cast(_Reads | None, getattr(_last, "reads", None))
+    if last is not None and last[0] == key:
+        return last[1]
+    found = _parse_named_reads(group_id, receipts)
+    _last.reads = (key, found)
+    return found
+
+
+def _parse_named_reads(group_id: int, receipts: list[str]) -> _NamedReads:
     by_partition: dict[int, list[tuple[str, str, int]]] = {}
-    for text in receipts:
-        where = inflight._parse_receipt(text)
+    for text, where in zip(receipts, _parsed(receipts), strict=True):
         if where is not None:
             token, partition_id, offset = where
             by_partition.setdefault(partition_id, []).append((text, token, offset))
@@ -119,7 +146,7 @@ def _named(group_id: int, receipts: list[str]) -> dict[_Named, list[tuple[str, i
 
 
 def _receipt_partitions(receipts: list[str]) -> set[int]:
-    return {where[1] for where in map(inflight._parse_receipt, receipts) if where is not None}
+    return {where[1] for where in _parsed(receipts) if where is not None}
 
 
 def _delete_in_flight(ids: list[int]) -> None:
