@@ -29,7 +29,7 @@ def value_fields(value: bytes, is_json: bool) -> dict[str, Any]:
 
 
 def message_out(m: StoredMessage) -> dict[str, Any]:
-    return {
+    out = {
         "partition": m.partition,
         "offset": m.offset,
         "timestamp_ms": m.timestamp_ms,
@@ -37,17 +37,23 @@ def message_out(m: StoredMessage) -> dict[str, Any]:
         "tag": m.tag,
         "headers": EMPTY_HEADERS if m.headers_json == "{}" else orjson.Fragment(m.headers_json),
         "id": m.client_id,
-        **value_fields(m.value, m.is_json),
     }
+    # value_fields, set in place: a push renders this for every message it sends.
+    if m.is_json:
+        out["value"] = orjson.Fragment(m.value)
+    else:
+        out["value_b64"] = base64.b64encode(m.value).decode()
+    return out
 
 
 def delivery_out(d: Delivery) -> dict[str, Any]:
     """A message handed to a member, with what it needs to settle it."""
     out = message_out(d.message)
     # An auto-acked delivery has nothing left to settle.
-    out["receipt"] = d.receipt or None
+    receipt = d.receipt
+    out["receipt"] = receipt or None
     out["attempt"] = d.attempt
-    out["deadline_ms"] = d.deadline_ms if d.receipt else None
+    out["deadline_ms"] = d.deadline_ms if receipt else None
     return out
 
 
