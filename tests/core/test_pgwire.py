@@ -64,7 +64,8 @@ def test_run__dumps_and_loads_as_djangos_cursor_does():
         cursor.execute(sql, params)
         expected = cursor.fetchall()
     assert bulk.run(sql, params) == expected
-    assert isinstance(expected[0][5], str) and isinstance(expected[0][10], str)
+    assert isinstance(expected[0][5], str)
+    assert isinstance(expected[0][10], str)
     group = models.ConsumerGroup.objects.create(name="wire-types", retry_delays_ms=[5, 50])
     (read,) = bulk.select_models(models.ConsumerGroup, "WHERE id = %s", [group.id])
     assert _fields(read) == _fields(models.ConsumerGroup.objects.get(id=group.id))

@@ -15,8 +15,9 @@ SELECT_PARTITION = (
     "SELECT p.id, p.topic_id, p.start_offset, p.next_offset FROM broker_partition p "
     "JOIN broker_topic t ON t.id = p.topic_id WHERE t.name = %s AND p.number = %s"
 )
+# headers as text in the statement: a row's loader in C, not a binary jsonb's in Python.
 SELECT_MESSAGES = (
-    'SELECT "offset", timestamp_ms, "key", tag, headers, value, is_json, client_id '
+    'SELECT "offset", timestamp_ms, "key", tag, CAST(headers AS text), value, is_json, client_id '
     'FROM broker_message WHERE partition_id = %s AND "offset" >= %s AND "offset" < %s '
     'ORDER BY "offset"'
 )
