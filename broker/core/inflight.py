@@ -47,9 +47,9 @@ def receipt_prefix(token: str, partition_id: int) -> str:
     return f"{token}.{partition_id:x}."
 
 
-# One match for the whole receipt. A settlement parses each of its receipts several times
-# (validation, the partitions to lock, the runs read ahead, the runs they name), so the answers
-# for the last few thousand are kept.
+# One match for the whole receipt. The answers for the last few thousand are kept: callers
+# that take receipts one at a time may ask again (a settlement parses its whole list at once,
+# parse_receipts).
 _RECEIPT = re.compile(r"([0-9a-f]{1,16})\.([0-9a-f]{1,16})\.([0-9a-f]{1,16})")
 RECEIPT_PATTERN_MAX = 50  # the longest string _RECEIPT can match
 
