@@ -128,9 +128,10 @@ def main() -> int:
         broker = statistics.median(row[1] for row in rows) * 1000
         postgres = statistics.median(row[2] for row in rows) * 1000
         every = ", ".join(f"{row[0]:,.0f}" for row in rows)
+        theirs = f", PostgreSQL {postgres:.1f} us" if url else ""
         print(
             f"  {which:5} {path}: median {rate:,.0f} msgs/s, CPU per message broker "
-            f"{broker:.1f} us, PostgreSQL {postgres:.1f} us; rounds {every}"
+            f"{broker:.1f} us{theirs}; rounds {every}"
         )
     ratios = [a[0] / b[0] for a, b in zip(results["this"], results["other"], strict=True)]
     print(
