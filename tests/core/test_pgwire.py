@@ -50,8 +50,8 @@ def test_native__numbers_placeholders_and_unescapes_percent():
 @pytest.mark.django_db(transaction=True)
 def test_run__dumps_and_loads_as_djangos_cursor_does():
     # Rows come back in binary here, as text through Django's cursor: the same Python values,
-    # for every column type the models have (json and jsonb as their text, as Django reads
-    # them; timestamps aware, in the session's time zone).
+    # for every column type the models have (jsonb as its text, as Django reads it, json
+    # parsed as psycopg does; timestamps aware, in the session's time zone).
     sql = (
         "SELECT %s::bigint, %s::text, %s::bytea, %s::boolean, %s::text, %s::jsonb, %s::json, "
         "%s::integer, %s::varchar(20), %s::timestamptz, '{\"b\": [1, 2]}'::jsonb"
@@ -70,12 +70,12 @@ def test_run__dumps_and_loads_as_djangos_cursor_does():
     (read,) = bulk.select_models(models.ConsumerGroup, "WHERE id = %s", [group.id])
     assert _fields(read) == _fields(models.ConsumerGroup.objects.get(id=group.id))
     assert read.retry_delays_ms == [5, 50]
+    assert bulk.run("SELECT 1 WHERE false") == []
+    assert bulk.run(SET_TIMEOUT, [1, "nobody"]) == []
 
 
 def _fields(instance: models.ConsumerGroup) -> dict[str, Any]:
     return {f.attname: getattr(instance, f.attname) for f in instance._meta.concrete_fields}
-    assert bulk.run("SELECT 1 WHERE false") == []
-    assert bulk.run(SET_TIMEOUT, [1, "nobody"]) == []
 
 
 def _write_then_fail(timeout: int, name: str) -> None:
