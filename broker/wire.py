@@ -23,9 +23,17 @@ EMPTY_HEADERS = orjson.Fragment("{}")
 
 def value_fields(value: bytes, is_json: bool) -> dict[str, Any]:
     """{"value": <the JSON>} for a JSON message, {"value_b64": "..."} for raw bytes."""
+    out: dict[str, Any] = {}
+    put_value(out, value, is_json)
+    return out
+
+
+def put_value(out: dict[str, Any], value: bytes, is_json: bool) -> None:
+    """value_fields, set in out itself: a push renders one for every message it sends."""
     if is_json:
-        return {"value": orjson.Fragment(value)}
-    return {"value_b64": base64.b64encode(value).decode()}
+        out["value"] = orjson.Fragment(value)
+    else:
+        out["value_b64"] = base64.b64encode(value).decode()
 
 
 def message_out(m: StoredMessage) -> dict[str, Any]:
@@ -38,11 +46,7 @@ def message_out(m: StoredMessage) -> dict[str, Any]:
         "headers": EMPTY_HEADERS if m.headers_json == "{}" else orjson.Fragment(m.headers_json),
         "id": m.client_id,
     }
-    # value_fields, set in place: a push renders this for every message it sends.
-    if m.is_json:
-        out["value"] = orjson.Fragment(m.value)
-    else:
-        out["value_b64"] = base64.b64encode(m.value).decode()
+    put_value(out, m.value, m.is_json)
     return out
 
 
