@@ -39,7 +39,7 @@ def new_token() -> str:
 
 
 def receipt(token: str, partition_id: int, offset: int) -> str:
-    return f"{token}.{partition_id:x}.{offset:x}"
+    return f"{receipt_prefix(token, partition_id)}{offset:x}"
 
 
 def receipt_prefix(token: str, partition_id: int) -> str:
@@ -50,7 +50,8 @@ def receipt_prefix(token: str, partition_id: int) -> str:
 # One match for the whole receipt. The answers for the last few thousand are kept: callers
 # that take receipts one at a time may ask again (a settlement parses its whole list at once,
 # parse_receipts).
-_RECEIPT = re.compile(r"([0-9a-f]{1,16})\.([0-9a-f]{1,16})\.([0-9a-f]{1,16})")
+_RECEIPT_TEXT = r"([0-9a-f]{1,16})\.([0-9a-f]{1,16})\.([0-9a-f]{1,16})"
+_RECEIPT = re.compile(_RECEIPT_TEXT)
 RECEIPT_PATTERN_MAX = 50  # the longest string _RECEIPT can match
 
 
@@ -70,8 +71,8 @@ def _parse_short(text: str) -> tuple[str, int, int] | None:
 
 
 # A list of receipts checked and taken apart in two calls into the regex engine, not one each.
-_RECEIPT_LINES = re.compile(r"(?:[0-9a-f]{1,16}\.[0-9a-f]{1,16}\.[0-9a-f]{1,16}\n)*")
-_RECEIPT_LINE = re.compile(r"([0-9a-f]{1,16})\.([0-9a-f]{1,16})\.([0-9a-f]{1,16})\n")
+_RECEIPT_LINES = re.compile(f"(?:{_RECEIPT_TEXT}\n)*")
+_RECEIPT_LINE = re.compile(f"{_RECEIPT_TEXT}\n")
 
 
 def parse_receipts(receipts: list[str]) -> list[tuple[str, int, int] | None]:
