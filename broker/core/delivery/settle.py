@@ -6,7 +6,8 @@ See docs/semantics.md#acknowledgements and docs/architecture.md#in-flight-by-run
 import bisect
 import itertools
 import threading
-from typing import Any, NamedTuple, cast
+from collections.abc import Callable, Hashable
+from typing import Any, NamedTuple, TypeVar, cast
 
 import orjson
 from django.db.models import F, Q
@@ -79,34 +80,33 @@ def _array(values: list[Any]) -> Any:
 
 
 _NamedReads = list[tuple[tuple[int, int, int, int], list[tuple[str, str, int]]]]
-_Parsed = tuple[tuple[str, ...], list[tuple[str, int, int] | None]]  # receipts, and parsed
-_Reads = tuple[tuple[int, tuple[str, ...]], _NamedReads]  # (group id, receipts), and reads
-# This thread's last receipts parsed, and the last _named_reads: a settlement looks at its
-# receipts several times (the runs read ahead with the offsets' lock, the check, the runs).
+T = TypeVar("T")
+# This thread's last answer of each _remembered function: a settlement looks at its receipts
+# several times (the runs read ahead with the offsets' lock, the check, the runs).
 _last = threading.local()
+
+
+def _remembered(name: str, key: Hashable, compute: Callable[[], T]) -> T:
+    """compute(), or what it gave for the same key at this thread's last call for name."""
+    last = getattr(_last, name, None)
+    if last is not None and last[0] == key:
+        return cast(T, last[1])
+    found = compute()
+    setattr(_last, name, (key, found))
+    return found
 
 
 def _parsed(receipts: list[str]) -> list[tuple[str, int, int] | None]:
     """inflight.parse_receipts(receipts), parsed once for the settlement that asks again."""
-    key = tuple(receipts)
-    last = cast(_Parsed | None, getattr(_last, "parsed", None))
-    if last is not None and last[0] == key:
-        return last[1]
-    parsed = inflight.parse_receipts(receipts)
-    _last.parsed = (key, parsed)
-    return parsed
+    return _remembered("parsed", tuple(receipts), lambda: inflight.parse_receipts(receipts))
 
 
 def _named_reads(group_id: int, receipts: list[str]) -> _NamedReads:
     """The SELECT_NAMED parameters _named reads with, one per partition the receipts name,
     each with its (receipt, token, offset) triples."""
-    key = (group_id, tuple(receipts))
-    last = cast(_Reads | None, getattr(_last, "reads", None))
-    if last is not None and last[0] == key:
-        return last[1]
-    found = _parse_named_reads(group_id, receipts)
-    _last.reads = (key, found)
-    return found
+    return _remembered(
+        "reads", (group_id, tuple(receipts)), lambda: _parse_named_reads(group_id, receipts)
+    )
 
 
 def _parse_named_reads(group_id: int, receipts: list[str]) -> _NamedReads:
