@@ -32,8 +32,8 @@ import postgres as pg_bench
 from produce_fetch import (
     free_port,
     progress,
-    server_command,
     setup_django,
+    start_daphne,
     stop_daphne,
     wait_healthy,
 )
@@ -44,17 +44,8 @@ ROOT = Path(__file__).resolve().parent.parent
 def start(checkout: Path, tmp: Path, name: str) -> tuple[subprocess.Popen[bytes], int, Path]:
     """Daphne serving the checkout's code (its own directory first on the import path)."""
     env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}  # in-memory channel layer
-    env["FERRY_BACKGROUND_IN_PROCESS"] = "0"
     port, log_path = free_port(), tmp / f"daphne-{name}.log"
-    with open(log_path, "wb") as log_file:
-        proc = subprocess.Popen(
-            server_command("daphne", port, "mqsite.asgi:application"),
-            cwd=checkout,
-            env=env,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-        )
-    return proc, port, log_path
+    return start_daphne(port, log_path, env=env, root=checkout), port, log_path
 
 
 def main() -> int:

@@ -248,19 +248,21 @@ def start_daphne(
     background: bool = False,
     env: dict[str, str] | None = None,
     server: str = "daphne",
+    root: Path = ROOT,
 ) -> subprocess.Popen[bytes]:
     """Daphne on 127.0.0.1:port; background=True runs its in-process jobs (the scheduler).
 
     env replaces the bench's own environment when given (FERRY_BACKGROUND_IN_PROCESS is set
     either way). server="uvicorn" serves the same application under uvicorn instead, for
-    docs/decisions/0018-daphne-stays.md (a dev dependency; not how Ferry is run).
+    docs/decisions/0018-daphne-stays.md (a dev dependency; not how Ferry is run). root: the
+    checkout whose code it serves (bench/compare_consume.py serves another one too).
     """
     env = dict(os.environ if env is None else env)
     env["FERRY_BACKGROUND_IN_PROCESS"] = "1" if background else "0"
     command = server_command(server, port, "mqsite.asgi:application")
     with open(log_path, "wb") as log_file:
         return subprocess.Popen(
-            command, cwd=ROOT, env=env, stdout=log_file, stderr=subprocess.STDOUT
+            command, cwd=root, env=env, stdout=log_file, stderr=subprocess.STDOUT
         )
 
 
