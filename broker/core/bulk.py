@@ -92,7 +92,7 @@ def run(sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
     return rows
 
 
-def defer(sql: str, params: Sequence[Any] = ()) -> None:
+def defer(sql: str, params: Sequence[Any] = (), *, table: str | None = None) -> None:
     """Run a write whose rows nobody reads with the transaction's next statement, or with its
     COMMIT if none comes.
 
@@ -103,13 +103,29 @@ def defer(sql: str, params: Sequence[Any] = ()) -> None:
     Django's cursor, the COMMIT) runs after it, so no reader can tell, except that its error
     is raised by the next statement. A rollback drops it. On SQLite, which has no round trip
     to save, and outside a transaction, it runs at once.
+
+    Rows that reads announced with read_ahead() found before this write are dropped, as they
+    would not have seen it; table names the one table the write changes, and then only the
+    reads that name it are dropped (an ack's DELETE of in-flight runs leaves the read of the
+    messages it makes room for).
     """
     db: Any = connections[DEFAULT_DB_ALIAS]
     if db.vendor == "sqlite" or not db.in_atomic_block:
         run(sql, params)
         return
-    db.ferry_read = None  # a read announced before this write would not see it
+    _drop_reads_of(db, table)
     _hold(db, "ferry_deferred", (sql, params))
+
+
+def _drop_reads_of(db: Any, table: str | None) -> None:
+    """Drop the rows of the announced reads that name table (None: of every read)."""
+    held = getattr(db, "ferry_read", None)
+    if held and table is not None:
+        conn, reads = held
+        kept = [read for read in reads if table not in read[0][0]]
+        db.ferry_read = (conn, kept) if kept else None
+    else:
+        db.ferry_read = None
 
 
 def read_ahead(sql: str, params: Sequence[Any] = ()) -> None:

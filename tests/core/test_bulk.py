@@ -216,6 +216,27 @@ def test_read_ahead__answered_from_the_next_statements_round_trip(db, console, m
         assert _read_once("g-other") == ([], 1)
 
 
+def test_read_ahead__kept_past_a_write_deferred_to_another_table(db, console):
+    """A deferred write that names its table drops only the reads ahead of that table: an
+    ack's DELETE of in-flight runs leaves the messages read with the offsets' lock."""
+    groups.configure_group(console, "g-apart")
+    postgresql = connection.vendor == "postgresql"
+    with transaction.atomic():
+        bulk.read_ahead(READ_TIMEOUT, ["g-apart"])
+        bulk.run("SELECT 1")
+        bulk.defer(
+            "UPDATE broker_partition SET bytes_stored = 1 WHERE id < 0", table="broker_partition"
+        )
+        assert _read_once("g-apart") == ([(45_000,)], 0 if postgresql else 1)
+        # A write to the table read: the read runs after it, and sees it.
+        bulk.read_ahead(READ_TIMEOUT, ["g-apart"])
+        bulk.run("SELECT 1")
+        bulk.defer(SET_TIMEOUT, [3011, "g-apart"], table="broker_consumergroup")
+        found, ran = _read_once("g-apart")
+        assert found == [(3011,)]
+        assert ran >= 1
+
+
 @pytest.mark.django_db(transaction=True)
 def test_read_ahead__sees_what_committed_while_the_statement_before_it_waited(console):
     """The member read with its group's lock: a read ahead runs once the lock is granted, so it

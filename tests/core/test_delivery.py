@@ -495,8 +495,9 @@ STATEMENTS = {
 # Round trips to PostgreSQL of the same calls outside a test's transaction (its COMMIT
 # included, the test's savepoint pair not): statements deferred with bulk.defer share the
 # next one's pipeline, or the COMMIT's, and reads announced with bulk.read_ahead the
-# previous one's (the member's with its group's lock, the ack's runs with their offsets' lock).
-ROUND_TRIPS = {"ack": 3, "deliver": 4, "ack_and_deliver": 4}
+# previous one's (the member's with its group's lock, the ack's runs and the messages to
+# deliver with their offsets' lock).
+ROUND_TRIPS = {"ack": 3, "deliver": 3, "ack_and_deliver": 3}
 
 
 def test_ack_and_deliver__statements(topic_factory, console, monkeypatch):
@@ -561,6 +562,35 @@ def test_ack_and_deliver__statements(topic_factory, console, monkeypatch):
     if connection.vendor == "postgresql":
         # The savepoint pair out, the COMMIT in.
         assert {call: n - 2 + 1 for call, n in trips.items()} == ROUND_TRIPS
+
+
+@pytest.mark.parametrize("off_by", [-2, 3])
+def test_ack_and_deliver__a_wrong_guess_of_the_next_read_is_not_used(
+    topic_factory, console, off_by, monkeypatch
+):
+    """The messages read ahead with the offsets' lock start where this process's last delivery
+    ended; when the delivery starts elsewhere (another process delivered, a seek), it reads for
+    itself."""
+    from broker.core.delivery import deliver as delivering
+
+    topic = topic_factory().name
+    produce(console, topic, 10)
+    joined(console, topic)
+    got = list(deliver(console, topic, n=4))
+    assert delivering._next_reads  # the guesses the next lock reads ahead with
+    monkeypatch.setattr(
+        delivering,
+        "_next_reads",
+        {key: offset + off_by for key, offset in delivering._next_reads.items()},
+    )
+    result = delivery.ack_and_deliver(console, "g", [got[0].receipt], topic, "m", 1, 100)
+    assert result.delivered is not None
+    assert [d.message.offset for d in result.delivered.deliveries] == [4, 5]
+    assert [d.message.value for d in result.delivered.deliveries] == [b"4", b"5"]
+    # From there on, the guess is right again.
+    result = delivery.ack_and_deliver(console, "g", [got[1].receipt], topic, "m", 0, 100)
+    assert result.delivered is not None
+    assert [d.message.offset for d in result.delivered.deliveries] == [6]
 
 
 def test_ack_and_deliver__committed_offsets_follow_the_lowest_in_flight(topic_factory, console):

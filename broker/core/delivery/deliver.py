@@ -32,8 +32,19 @@ from broker.core.records import Delivery, DeliveryResult, Principal, StoredMessa
 # A poll reads at most this many messages past what a selective filter skips, then answers.
 SCAN_LIMIT = 10_000
 
+# A selective filter's reads: this many messages at a time, whatever the room.
+FILTERED_READ = 500
+
 _turn = itertools.count()
 _turn_lock = threading.Lock()
+
+# Where each offset row's next delivery reads from, as this process's last delivery left it:
+# the read that the next lock of the row announces (bulk.read_ahead), so that on PostgreSQL
+# the messages come back with the lock, not in a round trip of their own. A guess: when the
+# delivery starts elsewhere (another process delivered, a seek, retention, a retry taken
+# first), it reads for itself and the rows read ahead are dropped.
+_next_reads: dict[inflight.OffsetKey, int] = {}
+_NEXT_READS_KEPT = 10_000
 
 
 def _parsed_filter(spec: dict[str, Any] | None) -> filters.Filter:
@@ -102,17 +113,41 @@ def _subscriber(group: models.ConsumerGroup, member: models.GroupMember) -> str:
 
 
 def lock_member_offsets(
-    group: models.ConsumerGroup, member: models.GroupMember
+    group: models.ConsumerGroup, member: models.GroupMember, room: int
 ) -> tuple[dict[inflight.OffsetKey, models.GroupOffset], bool]:
     """Lock the offset rows the member delivers from, in id order (those that exist yet); and
-    whether a retry of theirs is due (deliver_in_transaction's retries_due).
+    whether a retry of theirs is due (deliver_in_transaction's retries_due). room: how many
+    messages the delivery that follows will ask for, at most (for its read ahead).
 
     Caller holds the bookkeeping transaction and the group's lock (member_for_delivery).
     """
     subscriber = _subscriber(group, member)
     partition_ids = membership.held_partitions(group, member, cached=True)
+    _read_next_ahead(group, member, subscriber, partition_ids, room)
     return inflight.locked_offsets_and_due(
         ((group.id, pid, subscriber) for pid in partition_ids), log.now_ms()
+    )
+
+
+def _read_next_ahead(
+    group: models.ConsumerGroup,
+    member: models.GroupMember,
+    subscriber: str,
+    partition_ids: frozenset[int],
+    room: int,
+) -> None:
+    """Announce the first read of a delivery of room messages (log.read_partition_ahead), when
+    it can be told: the member reads one partition, from where this process's last delivery
+    from it ended. Several partitions take turns (_Batch.take_new), so the first is not known."""
+    if len(partition_ids) != 1 or room <= 0:
+        return
+    (pid,) = partition_ids
+    start = _next_reads.get((group.id, pid, subscriber))
+    if start is None:
+        return
+    everything = _parsed_filter(member.filter).is_everything
+    log.read_partition_ahead(
+        pid, start, (1 if group.ordered else room) if everything else FILTERED_READ
     )
 
 
@@ -144,6 +179,7 @@ def deliver_in_transaction(
     if locked is not None and all(key in locked for key in wanted):
         offsets = {key: locked[key] for key in wanted}
     else:
+        _read_next_ahead(group, member, subscriber, partition_ids, max_messages)
         offsets, due = inflight.locked_offsets_and_due(wanted, now)
     if len(offsets) < len(partition_ids):
         # First delivery from some partition: its offsets start where the group does.
@@ -346,7 +382,7 @@ class _Batch:
         plain = everything and ttl is None and not self.topic.trace and not self.auto_ack
         while taken < wanted and position < p.next_offset and scanned < SCAN_LIMIT:
             chunk = log.read_partition(
-                p.id, p.number, position, wanted - taken if everything else 500
+                p.id, p.number, position, wanted - taken if everything else FILTERED_READ
             )
             if not chunk:
                 break
@@ -379,6 +415,9 @@ class _Batch:
                 run_start = -1
         self._end_run(row.partition_id, run_start, position - 1)
         row.delivered_offset = position
+        if len(_next_reads) >= _NEXT_READS_KEPT:
+            _next_reads.clear()  # members come and go: the guesses of the gone would pile up
+        _next_reads[(self.group.id, row.partition_id, self.subscriber)] = position
         if expired:
             self.expired += len(expired)
             deadletters.dead_letter_messages(

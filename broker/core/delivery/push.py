@@ -57,7 +57,9 @@ def ack_and_deliver(
             if found is not None:
                 # The runs the ack names come with the lock of the member's offset rows.
                 settle.read_named_ahead(found[1].id, receipts)
-                locked, due = deliver.lock_member_offsets(found[1], found[2])
+                locked, due = deliver.lock_member_offsets(
+                    found[1], found[2], min(max_messages, credit + len(receipts))
+                )
                 deferred = set()
             members = set(locked)
             acked = settle.ack_in_transaction(

@@ -164,7 +164,7 @@ def _receipt_partitions(receipts: list[str]) -> set[int]:
 def _delete_in_flight(ids: list[int]) -> None:
     if ids:
         # Nobody reads its rows: on PostgreSQL it goes with the next statement.
-        bulk.defer(DELETE_IN_FLIGHT[bulk.vendor()], (_array(ids),))
+        bulk.defer(DELETE_IN_FLIGHT[bulk.vendor()], (_array(ids),), table="broker_inflight")
 
 
 class LocksOutOfOrder(Exception):

@@ -31,6 +31,7 @@ from broker.core.log.read import (
     read_messages,
     read_messages_async,
     read_partition,
+    read_partition_ahead,
     validate_max_wait,
 )
 
@@ -54,6 +55,7 @@ __all__ = [
     "read_messages",
     "read_messages_async",
     "read_partition",
+    "read_partition_ahead",
     "truncate",
     "validate_max_wait",
 ]

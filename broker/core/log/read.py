@@ -53,6 +53,12 @@ def read_partition(partition_id: int, number: int, offset: int, limit: int) -> l
     ]
 
 
+def read_partition_ahead(partition_id: int, offset: int, limit: int) -> None:
+    """Announce read_partition(partition_id, _, offset, limit) as the transaction's next read
+    (bulk.read_ahead): on PostgreSQL it comes back with the statement that runs next."""
+    bulk.read_ahead(SELECT_MESSAGES, (partition_id, offset, offset + limit))
+
+
 def read_messages(
     principal: Principal, topic_name: str, partition: int, offset: int | None, limit: int
 ) -> FetchResult:
