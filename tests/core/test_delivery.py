@@ -564,6 +564,52 @@ def test_ack_and_deliver__statements(topic_factory, console, monkeypatch):
         assert {call: n - 2 + 1 for call, n in trips.items()} == ROUND_TRIPS
 
 
+def test_deliver_messages__partitions_take_turns_and_the_first_is_read_with_the_lock(
+    topic_factory, console, monkeypatch
+):
+    """A member of several partitions reads a different one first at each delivery; on
+    PostgreSQL that first read goes in the offset rows' lock's round trip (bulk.read_ahead)."""
+    from django.db import connection
+
+    from broker.core import pgwire
+
+    topic = topic_factory(partitions=3).name
+    for partition in range(3):
+        produce(console, topic, 4, partition=partition)
+    joined(console, topic)
+    alone: list[str] = []  # the first statement of each round trip that read messages
+    real = pgwire.execute
+
+    def seen(db, statements, commit=False):
+        sqls = [sql for sql, _ in statements]
+        if log.SELECT_MESSAGES in sqls and not any("FOR NO KEY UPDATE" in s for s in sqls):
+            alone.append(sqls[0])
+        return real(db, statements, commit)
+
+    monkeypatch.setattr(pgwire, "execute", seen)
+    got = list(deliver(console, topic, n=1))
+    firsts = []
+    for _ in range(6):
+        result = delivery.ack_and_deliver(console, "g", [got.pop(0).receipt], topic, "m", 0, 9)
+        assert result.delivered is not None
+        (delivered,) = result.delivered.deliveries
+        firsts.append(delivered.message.partition)
+        got.append(delivered)
+    assert sorted(firsts[:3]) == sorted(firsts[3:]) == [0, 1, 2]
+    assert firsts[:3] == firsts[3:]
+    if connection.vendor == "postgresql":
+        # The first delivery from each partition had no guess yet; then none read alone.
+        assert len(alone) <= 3
+        alone.clear()
+        for _ in range(3):
+            result = delivery.ack_and_deliver(
+                console, "g", [got.pop(0).receipt], topic, "m", 0, 9
+            )
+            assert result.delivered is not None
+            got += result.delivered.deliveries
+        assert alone == []
+
+
 @pytest.mark.parametrize("off_by", [-2, 3])
 def test_ack_and_deliver__a_wrong_guess_of_the_next_read_is_not_used(
     topic_factory, console, off_by, monkeypatch

@@ -4,8 +4,6 @@ See docs/semantics.md#acknowledgements and docs/architecture.md#in-flight-by-run
 """
 
 import functools
-import itertools
-import threading
 from typing import Any
 
 import orjson
@@ -35,8 +33,9 @@ SCAN_LIMIT = 10_000
 # A selective filter's reads: this many messages at a time, whatever the room.
 FILTERED_READ = 500
 
-_turn = itertools.count()
-_turn_lock = threading.Lock()
+# Which of its partitions each (group id, subscriber) reads first at its next delivery: they
+# take turns, so that one busy partition cannot starve the rest.
+_turns: dict[tuple[int, str], int] = {}
 
 # Where each offset row's next delivery reads from, as this process's last delivery left it:
 # the read that the next lock of the row announces (bulk.read_ahead), so that on PostgreSQL
@@ -44,7 +43,15 @@ _turn_lock = threading.Lock()
 # delivery starts elsewhere (another process delivered, a seek, retention, a retry taken
 # first), it reads for itself and the rows read ahead are dropped.
 _next_reads: dict[inflight.OffsetKey, int] = {}
-_NEXT_READS_KEPT = 10_000
+
+# Members come and go: past this many entries, the two memos above start afresh.
+_MEMO_KEPT = 10_000
+
+
+def _remember(memo: dict[Any, int], key: Any, value: int) -> None:
+    if len(memo) >= _MEMO_KEPT:
+        memo.clear()
+    memo[key] = value
 
 
 def _parsed_filter(spec: dict[str, Any] | None) -> filters.Filter:
@@ -136,12 +143,13 @@ def _read_next_ahead(
     partition_ids: frozenset[int],
     room: int,
 ) -> None:
-    """Announce the first read of a delivery of room messages (log.read_partition_ahead), when
-    it can be told: the member reads one partition, from where this process's last delivery
-    from it ended. Several partitions take turns (_Batch.take_new), so the first is not known."""
-    if len(partition_ids) != 1 or room <= 0:
+    """Announce the first read of a delivery of room messages (log.read_partition_ahead): of
+    the partition whose turn it is (_Batch.take_new), from where this process's last delivery
+    from it ended."""
+    if not partition_ids or room <= 0:
         return
-    (pid,) = partition_ids
+    ordered = sorted(partition_ids)
+    pid = ordered[_turns.get((group.id, subscriber), 0) % len(ordered)]
     start = _next_reads.get((group.id, pid, subscriber))
     if start is None:
         return
@@ -359,12 +367,12 @@ class _Batch:
 
     def take_new(self, offsets: dict[inflight.OffsetKey, models.GroupOffset]) -> None:
         """Hand out messages never delivered, from each partition's delivered offset on."""
-        rows = list(offsets.values())
+        rows = sorted(offsets.values(), key=lambda row: row.partition_id)
         if not rows:
             return
-        with _turn_lock:
-            turn = next(_turn) % len(rows)
-        # Rotate the first partition read so one busy partition cannot starve the rest.
+        turns = (self.group.id, self.subscriber)
+        turn = _turns.get(turns, 0) % len(rows)
+        _remember(_turns, turns, turn + 1)
         for row in rows[turn:] + rows[:turn]:
             if self.room <= 0:
                 break
@@ -415,9 +423,7 @@ class _Batch:
                 run_start = -1
         self._end_run(row.partition_id, run_start, position - 1)
         row.delivered_offset = position
-        if len(_next_reads) >= _NEXT_READS_KEPT:
-            _next_reads.clear()  # members come and go: the guesses of the gone would pile up
-        _next_reads[(self.group.id, row.partition_id, self.subscriber)] = position
+        _remember(_next_reads, (self.group.id, row.partition_id, self.subscriber), position)
         if expired:
             self.expired += len(expired)
             deadletters.dead_letter_messages(
