@@ -131,14 +131,17 @@ def _drop_reads_of(db: Any, table: str | None) -> None:
 def read_ahead(sql: str, params: Sequence[Any] = ()) -> None:
     """Announce a read the transaction makes next, right after its next statement.
 
-    On PostgreSQL it is sent with that statement, after it in the same pipeline, and the
-    run() of the same statement and parameters that comes next gets its rows without a round
-    trip of its own: the member's row read with its group's lock, the runs an ack names with
-    their offset rows' locks. As a statement of its own it would have run right after the other
-    one, under the same locks and seeing the same commits (in READ COMMITTED each statement
-    sees what was committed when it started), so nothing can tell the difference. Any other
-    statement between them (a write deferred too) drops the rows, and that run() then reads
-    for itself; so does one on SQLite, or outside a transaction, where this does nothing.
+    On PostgreSQL it is sent with that statement, after it in the same pipeline (reads
+    announced together in the order announced), and the run() of the same statement and
+    parameters gets its rows without a round trip of its own: the member's row read with its
+    group's lock, the runs an ack names and the messages it makes room for with their offset
+    rows' locks. As a statement of its own it would have run right after the other one, under
+    the same locks and seeing the same commits (in READ COMMITTED each statement sees what was
+    committed when it started), so nothing can tell the difference. The reads announced
+    together may be taken in any order: reads do not change what another read finds. Any
+    other statement before they are taken (a write deferred too, bar one to another table:
+    defer()) drops the rows, and each run() then reads for itself; so does one on SQLite, or
+    outside a transaction, where this does nothing.
     """
     db: Any = connections[DEFAULT_DB_ALIAS]
     if db.vendor == "sqlite" or not db.in_atomic_block:
@@ -170,16 +173,21 @@ def _take(db: Any, name: str) -> list[tuple[str, Sequence[Any]]]:
 
 
 def _take_read(db: Any, sql: str, params: Sequence[Any]) -> list[Any] | None:
-    """The rows a read announced with read_ahead() found, when it is this statement; else
-    None, and the rows of every read announced are dropped (something ran between)."""
+    """The rows a read announced with read_ahead() found, when it is this statement (the
+    reads announced are taken in any order); else None, and the rows of every read announced
+    are dropped (something else ran between)."""
     held = getattr(db, "ferry_read", None)
     if not held:
         return None
     conn, reads = held
-    if conn is not db.connection or not reads or reads[0][0] != (sql, tuple(params)):
+    wanted = (sql, tuple(params))
+    index = -1
+    if conn is db.connection:
+        index = next((i for i, read in enumerate(reads) if read[0] == wanted), -1)
+    if index < 0:
         db.ferry_read = None
         return None
-    rows = reads.pop(0)[1]
+    rows = reads.pop(index)[1]
     if not reads:
         db.ferry_read = None
     return rows  # type: ignore[no-any-return]

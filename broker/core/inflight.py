@@ -189,12 +189,16 @@ def locked_offsets_and_due(
     return _locked(keys_, now_ms)
 
 
-def _locked(
-    keys_: Iterable[OffsetKey], due_at: int | None
-) -> tuple[dict[OffsetKey, models.GroupOffset], bool]:
+def lock_ahead(keys_: Iterable[OffsetKey], now_ms: int) -> None:
+    """Announce locked_offsets_and_due(keys_, now_ms) as the transaction's next read
+    (bulk.read_ahead): on PostgreSQL the rows are locked, and come back, with the statement
+    that runs next."""
     wanted = sorted(set(keys_))
-    if not wanted:
-        return {}, False
+    if wanted:
+        bulk.read_ahead(*_lock_statement(wanted, now_ms))
+
+
+def _lock_statement(wanted: list[OffsetKey], due_at: int | None) -> tuple[str, list[Any]]:
     where = " OR ".join(
         ["(o.group_id = %s AND o.partition_id = %s AND o.subscriber = %s)"] * len(wanted)
     )
@@ -206,7 +210,16 @@ def _locked(
         # Group offset locks: serialize everything that reads or changes these partitions'
         # InFlight rows (SQLite serializes writers with BEGIN IMMEDIATE instead).
         sql += " FOR NO KEY UPDATE OF o"
-    found = bulk.run(sql, params)
+    return sql, params
+
+
+def _locked(
+    keys_: Iterable[OffsetKey], due_at: int | None
+) -> tuple[dict[OffsetKey, models.GroupOffset], bool]:
+    wanted = sorted(set(keys_))
+    if not wanted:
+        return {}, False
+    found = bulk.run(*_lock_statement(wanted, due_at))
     rows = {}
     due = False
     for (

@@ -216,6 +216,18 @@ def test_read_ahead__answered_from_the_next_statements_round_trip(db, console, m
         assert _read_once("g-other") == ([], 1)
 
 
+def test_read_ahead__reads_announced_together_are_taken_in_any_order(db, console):
+    groups.configure_group(console, "g-one", session_timeout_ms=31_000)
+    groups.configure_group(console, "g-two", session_timeout_ms=32_000)
+    postgresql = connection.vendor == "postgresql"
+    with transaction.atomic():
+        bulk.read_ahead(READ_TIMEOUT, ["g-one"])
+        bulk.read_ahead(READ_TIMEOUT, ["g-two"])
+        bulk.run("SELECT 1")
+        assert _read_once("g-two") == ([(32_000,)], 0 if postgresql else 1)
+        assert _read_once("g-one") == ([(31_000,)], 0 if postgresql else 1)
+
+
 def test_read_ahead__kept_past_a_write_deferred_to_another_table(db, console):
     """A deferred write that names its table drops only the reads ahead of that table: an
     ack's DELETE of in-flight runs leaves the messages read with the offsets' lock."""

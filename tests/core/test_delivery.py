@@ -453,6 +453,139 @@ def test_ack_and_deliver__member_gone_keeps_the_ack(topic_factory, console):
     assert committed("g", topic).committed_offset == 1
 
 
+def test_ack_and_deliver__the_locks_guessed_wrong_are_let_go_and_it_runs_again(
+    topic_factory, console, monkeypatch
+):
+    """On PostgreSQL an ack and push locks the offset rows the member's last one locked, with
+    its group's lock (deliver.lock_ahead); rows that are not the member's now (after a
+    rebalance) roll the transaction back, and it runs again without a guess."""
+    from django.db import connection
+
+    from broker.core.delivery import deliver as delivering
+    from broker.core.delivery import push
+
+    topic = topic_factory(partitions=2).name
+    produce(console, topic, 4, partition=0)
+    produce(console, topic, 4, partition=1)
+    joined(console, topic)
+    got = list(deliver(console, topic, n=2))
+    result = delivery.ack_and_deliver(console, "g", [got.pop(0).receipt], topic, "m", 0, 100)
+    assert result.delivered is not None
+    got += result.delivered.deliveries
+    assert len(delivering._last_locks[("g", "m", topic)][0]) == 2  # both partitions' rows
+    joined(console, topic, member="b")  # a rebalance: m keeps one partition
+    runs = []
+    once = push._in_one_transaction
+
+    def counted(*args, **kwargs):
+        runs.append(kwargs["guess"])
+        return once(*args, **kwargs)
+
+    monkeypatch.setattr(push, "_in_one_transaction", counted)
+    result = delivery.ack_and_deliver(console, "g", [got.pop(0).receipt], topic, "m", 0, 100)
+    assert result.acked.settled == 1
+    assert result.delivered is not None
+    assert len(result.delivered.deliveries) == 1
+    assert runs == ([True, False] if connection.vendor == "postgresql" else [True])
+    got += result.delivered.deliveries
+    # The rows the member locks now are remembered: the next guess is right.
+    assert len(delivering._last_locks[("g", "m", topic)][0]) == 1
+    runs.clear()
+    result = delivery.ack_and_deliver(console, "g", [got.pop(0).receipt], topic, "m", 0, 100)
+    assert result.delivered is not None
+    assert runs == [True]
+    # b reads its partition: the rows m locked ahead were let go of.
+    assert deliver(console, topic, member="b", n=1)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_ack_and_deliver__members_acking_through_rebalances_all_get_through(console):
+    """Two members ack and push side by side while a third joins and leaves: their guesses
+    of the rows to lock go wrong at each rebalance (deliver.lock_ahead), and neither a
+    deadlock nor a lost message comes of it."""
+    import threading
+
+    from django.db import connection
+
+    from broker.core import topics
+
+    topic = "t-guesses"
+    topics.create_topic(console, topic, 4)
+    for partition in range(4):
+        produce(console, topic, 50, partition=partition)
+    seen: set[tuple[int, int]] = set()
+    failures: list[BaseException] = []
+    stop = threading.Event()
+
+    def work(member):
+        try:
+            joined(console, topic, member=member)
+            held: list = []
+            for _ in range(400):
+                if not held:
+                    if stop.is_set():
+                        break
+                    held = list(deliver(console, topic, member=member, n=8))
+                    if not held:
+                        stop.wait(0.005)
+                        continue
+                seen.update((d.message.partition, d.message.offset) for d in held)
+                receipts = [d.receipt for d in held]
+                result = delivery.ack_and_deliver(console, "g", receipts, topic, member, 0, 8)
+                held = list(result.delivered.deliveries) if result.delivered else []
+        except BaseException as exc:  # reported below
+            failures.append(exc)
+        finally:
+            connection.close()
+
+    def churn():
+        try:
+            for _ in range(6):
+                joined(console, topic, member="c")
+                threading.Event().wait(0.02)
+                membership.leave_group(console, "g", "c")
+        except BaseException as exc:
+            failures.append(exc)
+        finally:
+            stop.set()
+            connection.close()
+
+    threads = [threading.Thread(target=work, args=(m,)) for m in ("a", "b")]
+    threads.append(threading.Thread(target=churn))
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert not any(thread.is_alive() for thread in threads)
+    assert failures == []
+    # What the two did not get (held when a rebalance moved it, or left to the end) one
+    # member takes now: every message got through at least once.
+    for _ in range(40):
+        rest = deliver(console, topic, member="a", n=100)
+        if not rest:
+            break
+        seen.update((d.message.partition, d.message.offset) for d in rest)
+        delivery.ack_messages(console, "g", [d.receipt for d in rest])
+    assert seen == {(p, o) for p in range(4) for o in range(50)}
+
+
+def test_ack_and_deliver__member_gone_after_a_guess_keeps_the_ack(topic_factory, console):
+    topic = topic_factory().name
+    produce(console, topic, 5)
+    joined(console, topic)
+    joined(console, topic, member="other")
+    got = list(deliver(console, topic, n=2))
+    result = delivery.ack_and_deliver(console, "g", [got.pop(0).receipt], topic, "m", 0, 100)
+    assert result.delivered is not None
+    membership.leave_group(console, "g", "m")
+    result = delivery.ack_and_deliver(console, "g", [got[0].receipt], topic, "m", 0, 100)
+    assert result.acked.settled == 1
+    assert result.delivered is None
+    # Its leave handed offset 2 back; the other member gets it, and the rest.
+    again = deliver(console, topic, member="other")
+    assert sorted(d.message.offset for d in again) == [2, 3, 4]
+
+
 def test_ack_and_deliver__an_invalid_ack_delivers_nothing(topic_factory, console):
     topic = topic_factory().name
     produce(console, topic, 3)
@@ -487,8 +620,8 @@ def test_deliver_messages__a_rebalance_changes_the_partitions_read(topic_factory
 # run is counted (a COPY, from bulk.PG_COPY_MIN_ROWS rows on, would not be).
 # docs/benchmarks.md#the-per-message-path-benchper_messagepy has the before and after.
 STATEMENTS = {
-    "sqlite": {"ack": 7, "deliver": 6, "ack_and_deliver": 8},
-    "postgresql": {"ack": 8, "deliver": 9, "ack_and_deliver": 11},
+    "sqlite": {"ack": 7, "deliver": 6, "ack_and_deliver": 8, "ack_and_deliver again": 8},
+    "postgresql": {"ack": 8, "deliver": 9, "ack_and_deliver": 11, "ack_and_deliver again": 11},
 }
 
 
@@ -496,8 +629,9 @@ STATEMENTS = {
 # included, the test's savepoint pair not): statements deferred with bulk.defer share the
 # next one's pipeline, or the COMMIT's, and reads announced with bulk.read_ahead the
 # previous one's (the member's with its group's lock, the ack's runs and the messages to
-# deliver with their offsets' lock).
-ROUND_TRIPS = {"ack": 3, "deliver": 3, "ack_and_deliver": 3}
+# deliver with their offsets' lock), and an ack and push that follows one of the same member
+# locks those rows with the group's lock (deliver.lock_ahead).
+ROUND_TRIPS = {"ack": 3, "deliver": 3, "ack_and_deliver": 3, "ack_and_deliver again": 2}
 
 
 def test_ack_and_deliver__statements(topic_factory, console, monkeypatch):
@@ -558,6 +692,16 @@ def test_ack_and_deliver__statements(topic_factory, console, monkeypatch):
     trips["ack_and_deliver"] = trips_of(both)
     assert result.delivered is not None
     assert len(result.delivered.deliveries) == 1
+    got += result.delivered.deliveries
+    # Again: the member's offset rows are locked ahead, with its group (deliver.lock_ahead).
+    shared.clear()
+    last.clear()
+    with CaptureQueriesContext(connection) as again:
+        result = delivery.ack_and_deliver(console, "g", [got.pop(0).receipt], topic, "m", 0, 100)
+    counts["ack_and_deliver again"] = len(again.captured_queries)
+    trips["ack_and_deliver again"] = trips_of(again)
+    assert result.delivered is not None
+    assert len(result.delivered.deliveries) == 1
     assert counts == STATEMENTS[connection.vendor]
     if connection.vendor == "postgresql":
         # The savepoint pair out, the COMMIT in.
@@ -602,9 +746,7 @@ def test_deliver_messages__partitions_take_turns_and_the_first_is_read_with_the_
         assert len(alone) <= 3
         alone.clear()
         for _ in range(3):
-            result = delivery.ack_and_deliver(
-                console, "g", [got.pop(0).receipt], topic, "m", 0, 9
-            )
+            result = delivery.ack_and_deliver(console, "g", [got.pop(0).receipt], topic, "m", 0, 9)
             assert result.delivered is not None
             got += result.delivered.deliveries
         assert alone == []

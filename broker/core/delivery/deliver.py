@@ -4,7 +4,7 @@ See docs/semantics.md#acknowledgements and docs/architecture.md#in-flight-by-run
 """
 
 import functools
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 from django.db.models import F
@@ -44,11 +44,11 @@ _turns: dict[tuple[int, str], int] = {}
 # first), it reads for itself and the rows read ahead are dropped.
 _next_reads: dict[inflight.OffsetKey, int] = {}
 
-# Members come and go: past this many entries, the two memos above start afresh.
+# Members come and go: past this many entries, a memo of this module starts afresh.
 _MEMO_KEPT = 10_000
 
 
-def _remember(memo: dict[Any, int], key: Any, value: int) -> None:
+def _remember(memo: dict[Any, Any], key: Any, value: Any) -> None:
     if len(memo) >= _MEMO_KEPT:
         memo.clear()
     memo[key] = value
@@ -119,44 +119,103 @@ def _subscriber(group: models.ConsumerGroup, member: models.GroupMember) -> str:
     return member.member_id if group.mode == models.ConsumerGroup.Mode.BROADCAST else ""
 
 
+class LockGuess(NamedTuple):
+    """The offset rows a member's delivery will lock, locked ahead of its group's lock's
+    answer (lock_ahead): their keys in id order, and the time their due retries were asked at."""
+
+    keys: tuple[inflight.OffsetKey, ...]
+    now_ms: int
+
+    @property
+    def group_id(self) -> int:
+        return self.keys[0][0]
+
+
+class GuessedWrong(Exception):
+    """The offset rows locked ahead are not the member's (internal: the caller rolls back,
+    which lets go of them before any other lock is asked for, and runs again unguessed)."""
+
+
+# By (group name, member id, topic name): the offset rows the member's last lock on this
+# process took, with its group's ordered flag and whether its filter takes every message (for
+# the read of the messages): what lock_ahead guesses.
+_last_locks: dict[tuple[str, str, str], tuple[tuple[inflight.OffsetKey, ...], bool, bool]] = {}
+
+
+def lock_ahead(group_name: str, member_id: str, topic_name: str, room: int) -> LockGuess | None:
+    """On PostgreSQL, lock the offset rows the member's last delivery locked, and read the
+    messages it would deliver next, in the round trip of its group's lock (bulk.read_ahead,
+    announced before member_for_delivery): a round trip fewer. None when there is no guess.
+
+    The guess is checked by lock_member_offsets, once the group's lock has answered: rows that
+    are not the member's (a rebalance, the member gone) raise GuessedWrong, and the caller
+    rolls back. The rows are locked in id order after the group's lock, as lock_member_offsets
+    locks them, and a wrong guess is let go of before any other lock is asked for, so guessing
+    adds no deadlock (docs/architecture.md#locks).
+    """
+    if bulk.vendor() != "postgresql":
+        return None
+    last = _last_locks.get((group_name, member_id, topic_name))
+    if last is None or not last[0]:
+        return None
+    keys, ordered, everything = last
+    guess = LockGuess(keys, log.now_ms())
+    inflight.lock_ahead(keys, guess.now_ms)
+    group_id, subscriber = keys[0][0], keys[0][2]
+    partition_ids = frozenset(pid for _, pid, _ in keys)
+    _read_next_ahead(group_id, subscriber, partition_ids, ordered, everything, room)
+    return guess
+
+
 def lock_member_offsets(
-    group: models.ConsumerGroup, member: models.GroupMember, room: int
+    topic: models.Topic,
+    group: models.ConsumerGroup,
+    member: models.GroupMember,
+    room: int,
+    guess: LockGuess | None = None,
 ) -> tuple[dict[inflight.OffsetKey, models.GroupOffset], bool]:
     """Lock the offset rows the member delivers from, in id order (those that exist yet); and
     whether a retry of theirs is due (deliver_in_transaction's retries_due). room: how many
-    messages the delivery that follows will ask for, at most (for its read ahead).
+    messages the delivery that follows will ask for, at most (for its read ahead). guess: what
+    lock_ahead locked ahead in this transaction, if anything (GuessedWrong when it is not
+    this).
 
     Caller holds the bookkeeping transaction and the group's lock (member_for_delivery).
     """
     subscriber = _subscriber(group, member)
     partition_ids = membership.held_partitions(group, member, cached=True)
-    _read_next_ahead(group, member, subscriber, partition_ids, room)
-    return inflight.locked_offsets_and_due(
-        ((group.id, pid, subscriber) for pid in partition_ids), log.now_ms()
+    keys = tuple(sorted((group.id, pid, subscriber) for pid in partition_ids))
+    everything = _parsed_filter(member.filter).is_everything
+    _remember(
+        _last_locks, (group.name, member.member_id, topic.name), (keys, group.ordered, everything)
     )
+    if guess is None:
+        _read_next_ahead(group.id, subscriber, partition_ids, group.ordered, everything, room)
+        return inflight.locked_offsets_and_due(keys, log.now_ms())
+    if guess.keys != keys:
+        raise GuessedWrong
+    return inflight.locked_offsets_and_due(keys, guess.now_ms)
 
 
 def _read_next_ahead(
-    group: models.ConsumerGroup,
-    member: models.GroupMember,
+    group_id: int,
     subscriber: str,
     partition_ids: frozenset[int],
+    ordered: bool,
+    everything: bool,
     room: int,
 ) -> None:
     """Announce the first read of a delivery of room messages (log.read_partition_ahead): of
     the partition whose turn it is (_Batch.take_new), from where this process's last delivery
-    from it ended."""
+    from it ended. everything: the member's filter takes every message."""
     if not partition_ids or room <= 0:
         return
-    ordered = sorted(partition_ids)
-    pid = ordered[_turns.get((group.id, subscriber), 0) % len(ordered)]
-    start = _next_reads.get((group.id, pid, subscriber))
+    pids = sorted(partition_ids)
+    pid = pids[_turns.get((group_id, subscriber), 0) % len(pids)]
+    start = _next_reads.get((group_id, pid, subscriber))
     if start is None:
         return
-    everything = _parsed_filter(member.filter).is_everything
-    log.read_partition_ahead(
-        pid, start, (1 if group.ordered else room) if everything else FILTERED_READ
-    )
+    log.read_partition_ahead(pid, start, (1 if ordered else room) if everything else FILTERED_READ)
 
 
 def deliver_in_transaction(
@@ -187,7 +246,10 @@ def deliver_in_transaction(
     if locked is not None and all(key in locked for key in wanted):
         offsets = {key: locked[key] for key in wanted}
     else:
-        _read_next_ahead(group, member, subscriber, partition_ids, max_messages)
+        everything = _parsed_filter(member.filter).is_everything
+        _read_next_ahead(
+            group.id, subscriber, partition_ids, group.ordered, everything, max_messages
+        )
         offsets, due = inflight.locked_offsets_and_due(wanted, now)
     if len(offsets) < len(partition_ids):
         # First delivery from some partition: its offsets start where the group does.

@@ -44,49 +44,12 @@ def ack_and_deliver(
         groups.check_consume(principal, topic_name)
     except errors.BrokerError:
         return AckAndDelivery(settle.ack_messages(principal, group_name, receipts))
+    args = (principal, group_name, receipts, topic_name, member_id, credit, max_messages)
     try:
-        with bulk.bookkeeping():
-            found = _member_or_none(principal, group_name, member_id, topic_name)
-            locked: dict[inflight.OffsetKey, models.GroupOffset] = {}
-            postgresql = bulk.vendor() == "postgresql"
-            # The committed offsets the ack moves are written by the delivery's own update of
-            # the same rows (a statement fewer), and whether a retry is due is asked with the
-            # rows (another statement fewer).
-            deferred: set[inflight.OffsetKey] | None = None
-            due: bool | None = None
-            if found is not None:
-                # The runs the ack names come with the lock of the member's offset rows.
-                settle.read_named_ahead(found[1].id, receipts)
-                locked, due = deliver.lock_member_offsets(
-                    found[1], found[2], min(max_messages, credit + len(receipts))
-                )
-                deferred = set()
-            members = set(locked)
-            acked = settle.ack_in_transaction(
-                principal,
-                group_name,
-                receipts,
-                group=found[1] if found else None,
-                locked=locked,
-                lock_more=found is None or not postgresql,
-                defer_committed=deferred,
-            )
-            room = min(max_messages, credit + acked.settled)
-            if deferred:
-                # The rows no delivery will write: all when none follows, else those of an
-                # earlier assignment's runs (SQLite locks them here; PostgreSQL took the other
-                # way, LocksOutOfOrder).
-                now = deferred if room <= 0 else deferred - members
-                if now:
-                    inflight.recompute_committed({key: locked[key] for key in now})
-                    deferred -= now
-            if found is None or room <= 0:
-                return AckAndDelivery(acked)
-            topic, group, member = found
-            delivered = deliver.deliver_in_transaction(
-                topic, group, member, room, locked=locked, recompute=deferred, retries_due=due
-            )
-            return AckAndDelivery(acked, delivered)
+        try:
+            return _in_one_transaction(*args, guess=True)
+        except deliver.GuessedWrong:
+            return _in_one_transaction(*args, guess=False)  # rolled back: its locks let go of
     except settle.LocksOutOfOrder:
         pass  # rolled back: the ack and the delivery in two transactions
     acked = settle.ack_messages(principal, group_name, receipts)
@@ -99,6 +62,70 @@ def ack_and_deliver(
             return AckAndDelivery(acked)
         topic, group, member = found
         return AckAndDelivery(acked, deliver.deliver_in_transaction(topic, group, member, room))
+
+
+def _in_one_transaction(
+    principal: Principal,
+    group_name: str,
+    receipts: list[str],
+    topic_name: str,
+    member_id: str,
+    credit: int,
+    max_messages: int,
+    *,
+    guess: bool,
+) -> AckAndDelivery:
+    """ack_and_deliver's ack and delivery in one transaction. guess: on PostgreSQL, lock the
+    member's offset rows in its group's lock's round trip, as its last delivery here found
+    them (deliver.lock_ahead; GuessedWrong, and rolled back, when they are not its rows now)."""
+    with bulk.bookkeeping():
+        # What the delivery asks for if every receipt settles: for the reads ahead.
+        asked = min(max_messages, credit + len(receipts))
+        ahead = deliver.lock_ahead(group_name, member_id, topic_name, asked) if guess else None
+        if ahead is not None:
+            settle.read_named_ahead(ahead.group_id, receipts)
+        found = _member_or_none(principal, group_name, member_id, topic_name)
+        locked: dict[inflight.OffsetKey, models.GroupOffset] = {}
+        postgresql = bulk.vendor() == "postgresql"
+        # The committed offsets the ack moves are written by the delivery's own update of
+        # the same rows (a statement fewer), and whether a retry is due is asked with the
+        # rows (another statement fewer).
+        deferred: set[inflight.OffsetKey] | None = None
+        due: bool | None = None
+        if found is not None:
+            if ahead is None:
+                # The runs the ack names come with the lock of the member's offset rows.
+                settle.read_named_ahead(found[1].id, receipts)
+            locked, due = deliver.lock_member_offsets(*found, asked, ahead)
+            deferred = set()
+        elif ahead is not None:
+            raise deliver.GuessedWrong  # rows locked for a member that is gone
+        members = set(locked)
+        acked = settle.ack_in_transaction(
+            principal,
+            group_name,
+            receipts,
+            group=found[1] if found else None,
+            locked=locked,
+            lock_more=found is None or not postgresql,
+            defer_committed=deferred,
+        )
+        room = min(max_messages, credit + acked.settled)
+        if deferred:
+            # The rows no delivery will write: all when none follows, else those of an
+            # earlier assignment's runs (SQLite locks them here; PostgreSQL took the other
+            # way, LocksOutOfOrder).
+            now = deferred if room <= 0 else deferred - members
+            if now:
+                inflight.recompute_committed({key: locked[key] for key in now})
+                deferred -= now
+        if found is None or room <= 0:
+            return AckAndDelivery(acked)
+        topic, group, member = found
+        delivered = deliver.deliver_in_transaction(
+            topic, group, member, room, locked=locked, recompute=deferred, retries_due=due
+        )
+        return AckAndDelivery(acked, delivered)
 
 
 def _member_or_none(
