@@ -498,6 +498,37 @@ def test_ack_and_deliver__the_locks_guessed_wrong_are_let_go_and_it_runs_again(
     assert deliver(console, topic, member="b", n=1)
 
 
+def test_deliver_messages__the_locks_guessed_wrong_are_let_go_and_it_runs_again(
+    topic_factory, console, monkeypatch
+):
+    from django.db import connection
+
+    from broker.core.delivery import deliver as delivering
+
+    topic = topic_factory(partitions=2).name
+    produce(console, topic, 2, partition=0)
+    produce(console, topic, 2, partition=1)
+    joined(console, topic)
+    assert len(deliver(console, topic, n=1)) == 1  # its lock remembered: both partitions
+    joined(console, topic, member="b")  # a rebalance: m keeps one partition
+    runs = []
+    once = delivering._deliver_once
+
+    def counted(*args, **kwargs):
+        runs.append(kwargs["guess"])
+        return once(*args, **kwargs)
+
+    monkeypatch.setattr(delivering, "_deliver_once", counted)
+    got = deliver(console, topic, n=10)
+    held = {m.member_id: m.partitions for m in groups.describe_group(console, "g").members}
+    assert {d.message.partition for d in got} <= set(held["m"])
+    assert runs == ([True, False] if connection.vendor == "postgresql" else [True])
+    runs.clear()
+    assert deliver(console, topic, member="b", n=10)  # the rows m locked ahead were let go of
+    deliver(console, topic, n=10)
+    assert runs == [True, True]
+
+
 @pytest.mark.django_db(transaction=True)
 def test_ack_and_deliver__members_acking_through_rebalances_all_get_through(console):
     """Two members ack and push side by side while a third joins and leaves: their guesses
@@ -620,8 +651,13 @@ def test_deliver_messages__a_rebalance_changes_the_partitions_read(topic_factory
 # run is counted (a COPY, from bulk.PG_COPY_MIN_ROWS rows on, would not be).
 # docs/benchmarks.md#the-per-message-path-benchper_messagepy has the before and after.
 STATEMENTS = {
-    "sqlite": {"ack": 7, "deliver": 6, "ack_and_deliver": 8, "ack_and_deliver again": 8},
-    "postgresql": {"ack": 8, "deliver": 9, "ack_and_deliver": 11, "ack_and_deliver again": 11},
+    "sqlite": {"ack": 7, "deliver": 6, "ack_and_deliver": 8, "ack_and_deliver, unguessed": 8},
+    "postgresql": {
+        "ack": 8,
+        "deliver": 9,
+        "ack_and_deliver": 11,
+        "ack_and_deliver, unguessed": 11,
+    },
 }
 
 
@@ -629,9 +665,9 @@ STATEMENTS = {
 # included, the test's savepoint pair not): statements deferred with bulk.defer share the
 # next one's pipeline, or the COMMIT's, and reads announced with bulk.read_ahead the
 # previous one's (the member's with its group's lock, the ack's runs and the messages to
-# deliver with their offsets' lock), and an ack and push that follows one of the same member
-# locks those rows with the group's lock (deliver.lock_ahead).
-ROUND_TRIPS = {"ack": 3, "deliver": 3, "ack_and_deliver": 3, "ack_and_deliver again": 2}
+# deliver with their offsets' lock), and a delivery whose member's offset rows this process
+# locked before locks them with the group's lock (deliver.lock_ahead).
+ROUND_TRIPS = {"ack": 3, "deliver": 2, "ack_and_deliver": 2, "ack_and_deliver, unguessed": 3}
 
 
 def test_ack_and_deliver__statements(topic_factory, console, monkeypatch):
@@ -693,13 +729,17 @@ def test_ack_and_deliver__statements(topic_factory, console, monkeypatch):
     assert result.delivered is not None
     assert len(result.delivered.deliveries) == 1
     got += result.delivered.deliveries
-    # Again: the member's offset rows are locked ahead, with its group (deliver.lock_ahead).
+    # On a process that has not delivered to the member yet: its offset rows are not locked
+    # ahead, with its group's lock (deliver.lock_ahead), but after.
+    from broker.core.delivery import deliver as delivering
+
+    monkeypatch.setattr(delivering, "_last_locks", {})
     shared.clear()
     last.clear()
-    with CaptureQueriesContext(connection) as again:
+    with CaptureQueriesContext(connection) as first:
         result = delivery.ack_and_deliver(console, "g", [got.pop(0).receipt], topic, "m", 0, 100)
-    counts["ack_and_deliver again"] = len(again.captured_queries)
-    trips["ack_and_deliver again"] = trips_of(again)
+    counts["ack_and_deliver, unguessed"] = len(first.captured_queries)
+    trips["ack_and_deliver, unguessed"] = trips_of(first)
     assert result.delivered is not None
     assert len(result.delivered.deliveries) == 1
     assert counts == STATEMENTS[connection.vendor]

@@ -92,9 +92,30 @@ def deliver_messages(
     membership.validate_group_name(group_name)
     validate_max_messages(max_messages)
     groups.check_consume(principal, topic_name)
+    args = (principal, group_name, topic_name, member_id, max_messages, auto_ack)
+    try:
+        return _deliver_once(*args, guess=True)
+    except GuessedWrong:
+        return _deliver_once(*args, guess=False)  # rolled back: its locks let go of
+
+
+def _deliver_once(
+    principal: Principal,
+    group_name: str,
+    topic_name: str,
+    member_id: str,
+    max_messages: int,
+    auto_ack: bool,
+    *,
+    guess: bool,
+) -> DeliveryResult:
     with bulk.bookkeeping():
+        # A member gone or a key refused raises, and the rollback lets go of what was guessed.
+        ahead = lock_ahead(group_name, member_id, topic_name, max_messages) if guess else None
         topic, group, member = member_for_delivery(principal, group_name, member_id, topic_name)
-        return deliver_in_transaction(topic, group, member, max_messages, auto_ack=auto_ack)
+        return deliver_in_transaction(
+            topic, group, member, max_messages, auto_ack=auto_ack, guess=ahead
+        )
 
 
 def member_for_delivery(
@@ -228,6 +249,7 @@ def deliver_in_transaction(
     locked: dict[inflight.OffsetKey, models.GroupOffset] | None = None,
     recompute: set[inflight.OffsetKey] | None = None,
     retries_due: bool | None = None,
+    guess: LockGuess | None = None,
 ) -> DeliveryResult:
     """deliver_messages inside the caller's bookkeeping transaction, after touch_member.
 
@@ -235,7 +257,9 @@ def deliver_in_transaction(
     read again only when they do not cover the member's partitions. recompute: offset rows
     whose committed offsets an ack in this transaction left to recompute
     (settle.ack_in_transaction's defer_committed), all among the member's. retries_due:
-    whether a retry was due when the caller locked those rows (lock_member_offsets).
+    whether a retry was due when the caller locked those rows (lock_member_offsets). guess:
+    what lock_ahead locked ahead in this transaction, when the caller locked nothing
+    (GuessedWrong when it is not the member's rows).
     """
     now = log.now_ms()
     member_id = member.member_id
@@ -246,11 +270,7 @@ def deliver_in_transaction(
     if locked is not None and all(key in locked for key in wanted):
         offsets = {key: locked[key] for key in wanted}
     else:
-        everything = _parsed_filter(member.filter).is_everything
-        _read_next_ahead(
-            group.id, subscriber, partition_ids, group.ordered, everything, max_messages
-        )
-        offsets, due = inflight.locked_offsets_and_due(wanted, now)
+        offsets, due = lock_member_offsets(topic, group, member, max_messages, guess)
     if len(offsets) < len(partition_ids):
         # First delivery from some partition: its offsets start where the group does.
         groups.ensure_offsets(group, partition_ids, subscriber)
