@@ -33,9 +33,10 @@ SCAN_LIMIT = 10_000
 # A selective filter's reads: this many messages at a time, whatever the room.
 FILTERED_READ = 500
 
-# Which of its partitions each (group id, subscriber) reads first at its next delivery: they
-# take turns, so that one busy partition cannot starve the rest.
-_turns: dict[tuple[int, str], int] = {}
+# Which of its partitions a member reads first at its next delivery, by the keys of its offset
+# rows in order (one member's in clustering mode, and a broadcast member's own): they take
+# turns, so that one busy partition cannot starve the rest.
+_turns: dict[tuple[inflight.OffsetKey, ...], int] = {}
 
 # Where each offset row's next delivery reads from, as this process's last delivery left it:
 # the read that the next lock of the row announces (bulk.read_ahead), so that on PostgreSQL
@@ -232,7 +233,8 @@ def _read_next_ahead(
     if not partition_ids or room <= 0:
         return
     pids = sorted(partition_ids)
-    pid = pids[_turns.get((group_id, subscriber), 0) % len(pids)]
+    turns = tuple((group_id, pid, subscriber) for pid in pids)
+    pid = pids[_turns.get(turns, 0) % len(pids)]
     start = _next_reads.get((group_id, pid, subscriber))
     if start is None:
         return
@@ -449,10 +451,10 @@ class _Batch:
 
     def take_new(self, offsets: dict[inflight.OffsetKey, models.GroupOffset]) -> None:
         """Hand out messages never delivered, from each partition's delivered offset on."""
-        rows = sorted(offsets.values(), key=lambda row: row.partition_id)
-        if not rows:
+        if not offsets:
             return
-        turns = (self.group.id, self.subscriber)
+        turns = tuple(sorted(offsets))
+        rows = [offsets[key] for key in turns]
         turn = _turns.get(turns, 0) % len(rows)
         _remember(_turns, turns, turn + 1)
         for row in rows[turn:] + rows[:turn]:
