@@ -453,6 +453,19 @@ def test_ack_and_deliver__member_gone_keeps_the_ack(topic_factory, console):
     assert committed("g", topic).committed_offset == 1
 
 
+def guesses_of(monkeypatch, module, name):
+    """The guess argument of each call of module.name (a transaction run guessed or not)."""
+    runs = []
+    once = getattr(module, name)
+
+    def counted(*args, **kwargs):
+        runs.append(kwargs["guess"])
+        return once(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, counted)
+    return runs
+
+
 def test_ack_and_deliver__the_locks_guessed_wrong_are_let_go_and_it_runs_again(
     topic_factory, console, monkeypatch
 ):
@@ -474,14 +487,7 @@ def test_ack_and_deliver__the_locks_guessed_wrong_are_let_go_and_it_runs_again(
     got += result.delivered.deliveries
     assert len(delivering._last_locks[("g", "m", topic)][0]) == 2  # both partitions' rows
     joined(console, topic, member="b")  # a rebalance: m keeps one partition
-    runs = []
-    once = push._in_one_transaction
-
-    def counted(*args, **kwargs):
-        runs.append(kwargs["guess"])
-        return once(*args, **kwargs)
-
-    monkeypatch.setattr(push, "_in_one_transaction", counted)
+    runs = guesses_of(monkeypatch, push, "_in_one_transaction")
     result = delivery.ack_and_deliver(console, "g", [got.pop(0).receipt], topic, "m", 0, 100)
     assert result.acked.settled == 1
     assert result.delivered is not None
@@ -511,14 +517,7 @@ def test_deliver_messages__the_locks_guessed_wrong_are_let_go_and_it_runs_again(
     joined(console, topic)
     assert len(deliver(console, topic, n=1)) == 1  # its lock remembered: both partitions
     joined(console, topic, member="b")  # a rebalance: m keeps one partition
-    runs = []
-    once = delivering._deliver_once
-
-    def counted(*args, **kwargs):
-        runs.append(kwargs["guess"])
-        return once(*args, **kwargs)
-
-    monkeypatch.setattr(delivering, "_deliver_once", counted)
+    runs = guesses_of(monkeypatch, delivering, "_deliver_once")
     got = deliver(console, topic, n=10)
     held = {m.member_id: m.partitions for m in groups.describe_group(console, "g").members}
     assert {d.message.partition for d in got} <= set(held["m"])
@@ -710,22 +709,21 @@ def test_ack_and_deliver__statements(topic_factory, console, monkeypatch):
     delivery.ack_messages(console, "g", [got.pop(0).receipt])
     got += deliver(console, topic, n=1)
     counts, trips = {}, {}
-    shared.clear()
-    last.clear()
-    with CaptureQueriesContext(connection) as ack:
-        delivery.ack_messages(console, "g", [got.pop(0).receipt])
-    counts["ack"], trips["ack"] = len(ack.captured_queries), trips_of(ack)
-    shared.clear()
-    last.clear()
-    with CaptureQueriesContext(connection) as one:
-        got += deliver(console, topic, n=1)
-    counts["deliver"], trips["deliver"] = len(one.captured_queries), trips_of(one)
-    shared.clear()
-    last.clear()
-    with CaptureQueriesContext(connection) as both:
-        result = delivery.ack_and_deliver(console, "g", [got.pop(0).receipt], topic, "m", 0, 100)
-    counts["ack_and_deliver"] = len(both.captured_queries)
-    trips["ack_and_deliver"] = trips_of(both)
+
+    def measured(name, call):
+        shared.clear()
+        last.clear()
+        with CaptureQueriesContext(connection) as seen:
+            found = call()
+        counts[name], trips[name] = len(seen.captured_queries), trips_of(seen)
+        return found
+
+    measured("ack", lambda: delivery.ack_messages(console, "g", [got.pop(0).receipt]))
+    got += measured("deliver", lambda: deliver(console, topic, n=1))
+    result = measured(
+        "ack_and_deliver",
+        lambda: delivery.ack_and_deliver(console, "g", [got.pop(0).receipt], topic, "m", 0, 100),
+    )
     assert result.delivered is not None
     assert len(result.delivered.deliveries) == 1
     got += result.delivered.deliveries
@@ -734,12 +732,10 @@ def test_ack_and_deliver__statements(topic_factory, console, monkeypatch):
     from broker.core.delivery import deliver as delivering
 
     monkeypatch.setattr(delivering, "_last_locks", {})
-    shared.clear()
-    last.clear()
-    with CaptureQueriesContext(connection) as first:
-        result = delivery.ack_and_deliver(console, "g", [got.pop(0).receipt], topic, "m", 0, 100)
-    counts["ack_and_deliver, unguessed"] = len(first.captured_queries)
-    trips["ack_and_deliver, unguessed"] = trips_of(first)
+    result = measured(
+        "ack_and_deliver, unguessed",
+        lambda: delivery.ack_and_deliver(console, "g", [got.pop(0).receipt], topic, "m", 0, 100),
+    )
     assert result.delivered is not None
     assert len(result.delivered.deliveries) == 1
     assert counts == STATEMENTS[connection.vendor]

@@ -110,6 +110,7 @@ def _deliver_once(
     *,
     guess: bool,
 ) -> DeliveryResult:
+    """deliver_messages' transaction; guess: its offset rows locked ahead (lock_ahead)."""
     with bulk.bookkeeping():
         # A member gone or a key refused raises, and the rollback lets go of what was guessed.
         ahead = lock_ahead(group_name, member_id, topic_name, max_messages) if guess else None
