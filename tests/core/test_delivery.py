@@ -504,6 +504,31 @@ def test_ack_and_deliver__the_locks_guessed_wrong_are_let_go_and_it_runs_again(
     assert deliver(console, topic, member="b", n=1)
 
 
+def test_ack_and_deliver__a_heartbeat_due_is_written_by_a_run_that_did_not_guess(
+    topic_factory, console, monkeypatch
+):
+    """A call that locked offset rows ahead does not write the member's heartbeat (its row
+    would be locked after those rows, where a call that did not guess locks it before them):
+    when one is due, it rolls back and runs again unguessed, which writes it."""
+    from django.db import connection
+
+    from broker.core.delivery import push
+
+    topic = topic_factory().name
+    produce(console, topic, 4)
+    joined(console, topic)
+    got = list(deliver(console, topic, n=2))
+    models.GroupMember.objects.filter(member_id="m").update(heartbeat_ms=1)
+    runs = guesses_of(monkeypatch, push, "_in_one_transaction")
+    result = delivery.ack_and_deliver(console, "g", [got[0].receipt], topic, "m", 0, 100)
+    assert result.delivered is not None
+    assert runs == ([True, False] if connection.vendor == "postgresql" else [True])
+    assert models.GroupMember.objects.get(member_id="m").heartbeat_ms > 1
+    runs.clear()
+    result = delivery.ack_and_deliver(console, "g", [got[1].receipt], topic, "m", 0, 100)
+    assert runs == [True]  # not due again so soon: guessed, and nothing written
+
+
 def test_deliver_messages__the_locks_guessed_wrong_are_let_go_and_it_runs_again(
     topic_factory, console, monkeypatch
 ):
@@ -530,9 +555,10 @@ def test_deliver_messages__the_locks_guessed_wrong_are_let_go_and_it_runs_again(
 
 @pytest.mark.django_db(transaction=True)
 def test_ack_and_deliver__members_acking_through_rebalances_all_get_through(console):
-    """Two members ack and push side by side while a third joins and leaves: their guesses
-    of the rows to lock go wrong at each rebalance (deliver.lock_ahead), and neither a
-    deadlock nor a lost message comes of it."""
+    """Two members ack and push side by side, one of them polling beside too, while a third
+    joins and leaves: their guesses of the rows to lock go wrong at each rebalance
+    (deliver.lock_ahead), heartbeats fall due every 100 ms, and neither a deadlock nor a lost
+    message comes of it."""
     import threading
 
     from django.db import connection
@@ -543,13 +569,30 @@ def test_ack_and_deliver__members_acking_through_rebalances_all_get_through(cons
     topics.create_topic(console, topic, 4)
     for partition in range(4):
         produce(console, topic, 50, partition=partition)
+    groups.configure_group(console, "g", session_timeout_ms=1000)
+    for member in ("a", "b"):
+        joined(console, topic, member=member)
     seen: set[tuple[int, int]] = set()
     failures: list[BaseException] = []
     stop = threading.Event()
 
+    def poll(member):
+        """A poll and an ack of two at a time, beside the member's ack and push."""
+        try:
+            while not stop.is_set():
+                got = deliver(console, topic, member=member, n=2)
+                seen.update((d.message.partition, d.message.offset) for d in got)
+                if got:
+                    delivery.ack_messages(console, "g", [d.receipt for d in got])
+                else:
+                    stop.wait(0.005)
+        except BaseException as exc:  # reported below
+            failures.append(exc)
+        finally:
+            connection.close()
+
     def work(member):
         try:
-            joined(console, topic, member=member)
             held: list = []
             for _ in range(400):
                 if not held:
@@ -572,8 +615,9 @@ def test_ack_and_deliver__members_acking_through_rebalances_all_get_through(cons
         try:
             for _ in range(6):
                 joined(console, topic, member="c")
-                threading.Event().wait(0.02)
+                threading.Event().wait(0.05)
                 membership.leave_group(console, "g", "c")
+                threading.Event().wait(0.05)
         except BaseException as exc:
             failures.append(exc)
         finally:
@@ -581,7 +625,7 @@ def test_ack_and_deliver__members_acking_through_rebalances_all_get_through(cons
             connection.close()
 
     threads = [threading.Thread(target=work, args=(m,)) for m in ("a", "b")]
-    threads.append(threading.Thread(target=churn))
+    threads += [threading.Thread(target=poll, args=("a",)), threading.Thread(target=churn)]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -597,6 +641,54 @@ def test_ack_and_deliver__members_acking_through_rebalances_all_get_through(cons
         seen.update((d.message.partition, d.message.offset) for d in rest)
         delivery.ack_messages(console, "g", [d.receipt for d in rest])
     assert seen == {(p, o) for p in range(4) for o in range(50)}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_ack_and_deliver__a_guess_and_a_heartbeat_written_beside_it_do_not_deadlock(console):
+    """A delivery that did not guess writes the member's heartbeat, then locks the offset
+    rows; one that guessed holds those rows from its first round trip, so it must not wait
+    for the member's row after that: it rolls back and runs again (deliver.lock_ahead)."""
+    import threading
+
+    from django.db import connection, transaction
+
+    from broker.core import inflight, topics
+
+    if connection.vendor != "postgresql":
+        pytest.skip("row locks are PostgreSQL's; SQLite serializes writers at BEGIN")
+    topic = "t-beat"
+    topics.create_topic(console, topic, 1)
+    produce(console, topic, 4)
+    joined(console, topic)
+    got = list(deliver(console, topic, n=2))  # the member's offset rows remembered
+    models.GroupMember.objects.filter(member_id="m").update(heartbeat_ms=1)
+    keys = [
+        (o.group_id, o.partition_id, o.subscriber)
+        for o in models.GroupOffset.objects.filter(group__name="g")
+    ]
+    beaten, failures = threading.Event(), []
+
+    def unguessed():
+        try:
+            with transaction.atomic():
+                membership.touch_member_of_topic("g", "m", topic)  # the heartbeat: row locked
+                beaten.set()
+                threading.Event().wait(0.3)  # the guessed call is waiting meanwhile
+                inflight.locked_offsets(keys)
+        except BaseException as exc:  # reported below
+            failures.append(exc)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=unguessed)
+    thread.start()
+    assert beaten.wait(10)
+    result = delivery.ack_and_deliver(console, "g", [got[0].receipt], topic, "m", 0, 100)
+    thread.join(10)
+    assert not thread.is_alive()
+    assert failures == []
+    assert result.acked.settled == 1
+    assert result.delivered is not None
 
 
 def test_ack_and_deliver__member_gone_after_a_guess_keeps_the_ack(topic_factory, console):

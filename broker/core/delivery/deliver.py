@@ -114,27 +114,42 @@ def _deliver_once(
     with bulk.bookkeeping():
         # A member gone or a key refused raises, and the rollback lets go of what was guessed.
         ahead = lock_ahead(group_name, member_id, topic_name, max_messages) if guess else None
-        topic, group, member = member_for_delivery(principal, group_name, member_id, topic_name)
+        topic, group, member = member_for_delivery(
+            principal, group_name, member_id, topic_name, guessed=ahead is not None
+        )
         return deliver_in_transaction(
             topic, group, member, max_messages, auto_ack=auto_ack, guess=ahead
         )
 
 
 def member_for_delivery(
-    principal: Principal, group_name: str, member_id: str, topic_name: str
+    principal: Principal,
+    group_name: str,
+    member_id: str,
+    topic_name: str,
+    *,
+    guessed: bool = False,
 ) -> tuple[models.Topic, models.ConsumerGroup, models.GroupMember]:
     """The topic, the group (locked) and the member, its heartbeat noted: one statement, or,
     when one of them is missing, one lookup each for its error (TopicNotFound, MemberNotFound,
     InvalidRequest for a member of another topic), all raised before anything is written.
 
+    guessed: offset rows were locked ahead in this transaction (lock_ahead). The heartbeat is
+    then not written: the member's row would be locked after those rows, where a delivery that
+    did not guess locks it before them, and the two could deadlock. When one is due,
+    GuessedWrong: the caller runs again unguessed, which writes it.
+
     Caller holds the bookkeeping transaction and checked the key (groups.check_consume).
     """
-    found = membership.touch_member_of_topic(group_name, member_id, topic_name)
-    if found is not None:
-        return found
-    topic = groups.topic_for_consume(principal, topic_name)
-    group, member = membership.touch_member(group_name, member_id, topic.id)
-    return topic, group, member
+    beat = not guessed
+    found = membership.touch_member_of_topic(group_name, member_id, topic_name, beat=beat)
+    if found is None:
+        topic = groups.topic_for_consume(principal, topic_name)
+        group, member = membership.touch_member(group_name, member_id, topic.id, beat=beat)
+        found = (topic, group, member)
+    if guessed and membership.heartbeat_due(found[1], found[2]):
+        raise GuessedWrong
+    return found
 
 
 def _subscriber(group: models.ConsumerGroup, member: models.GroupMember) -> str:

@@ -84,7 +84,7 @@ def _in_one_transaction(
         ahead = deliver.lock_ahead(group_name, member_id, topic_name, asked) if guess else None
         if ahead is not None:
             settle.read_named_ahead(ahead.group_id, receipts)
-        found = _member_or_none(principal, group_name, member_id, topic_name)
+        found = _member_or_none(principal, group_name, member_id, topic_name, ahead is not None)
         locked: dict[inflight.OffsetKey, models.GroupOffset] = {}
         postgresql = bulk.vendor() == "postgresql"
         # The committed offsets the ack moves are written by the delivery's own update of
@@ -129,10 +129,12 @@ def _in_one_transaction(
 
 
 def _member_or_none(
-    principal: Principal, group_name: str, member_id: str, topic_name: str
+    principal: Principal, group_name: str, member_id: str, topic_name: str, guessed: bool = False
 ) -> tuple[models.Topic, models.ConsumerGroup, models.GroupMember] | None:
     """deliver.member_for_delivery, or None when it refuses (before writing anything)."""
     try:
-        return deliver.member_for_delivery(principal, group_name, member_id, topic_name)
+        return deliver.member_for_delivery(
+            principal, group_name, member_id, topic_name, guessed=guessed
+        )
     except errors.BrokerError:
         return None

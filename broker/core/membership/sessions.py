@@ -269,10 +269,10 @@ def _release_in_flight(group: models.ConsumerGroup, member_ids: list[str], topic
 
 
 def touch_member(
-    group_name: str, member_id: str, topic_id: int
+    group_name: str, member_id: str, topic_id: int, *, beat: bool = True
 ) -> tuple[models.ConsumerGroup, models.GroupMember]:
     """Lock the group (shared: a delivery), check the member is in it on this topic, record a
-    heartbeat.
+    heartbeat (unless beat is False: see heartbeat_due).
 
     Caller holds the write transaction.
     """
@@ -282,7 +282,8 @@ def touch_member(
             f"Member {member_id!r} joined for topic {member.topic.name!r}; join again to switch.",
             member_id=member_id,
         )
-    _beat(group, member)
+    if beat:
+        _beat(group, member)
     return group, member
 
 
@@ -299,7 +300,7 @@ MEMBER_OF_TOPIC = (
 
 
 def touch_member_of_topic(
-    group_name: str, member_id: str, topic_name: str
+    group_name: str, member_id: str, topic_name: str, *, beat: bool = True
 ) -> tuple[models.Topic, models.ConsumerGroup, models.GroupMember] | None:
     """touch_member and the topic by name, in one statement on SQLite (two on PostgreSQL, in
     one round trip); None
@@ -334,16 +335,21 @@ def touch_member_of_topic(
     assert isinstance(topic, models.Topic)  # noqa: S101 (for mypy: select_joined's order)
     assert isinstance(group, models.ConsumerGroup)  # noqa: S101
     assert isinstance(member, models.GroupMember)  # noqa: S101
-    _beat(group, member)
+    if beat:
+        _beat(group, member)
     return topic, group, member
 
 
-def _beat(group: models.ConsumerGroup, member: models.GroupMember) -> None:
-    now = log.now_ms()
+def heartbeat_due(group: models.ConsumerGroup, member: models.GroupMember) -> bool:
+    """Whether a delivery to the member writes its heartbeat (touch_member, with beat)."""
     # A member polling in a tight loop need not write its heartbeat every time: a tenth of the
     # session timeout (at most 1 s) late is still far from expiring it.
-    if now - member.heartbeat_ms >= min(1000, group.session_timeout_ms // 10):
-        member.heartbeat_ms = now
+    return log.now_ms() - member.heartbeat_ms >= min(1000, group.session_timeout_ms // 10)
+
+
+def _beat(group: models.ConsumerGroup, member: models.GroupMember) -> None:
+    if heartbeat_due(group, member):
+        member.heartbeat_ms = log.now_ms()
         member.save(update_fields=["heartbeat_ms"])
 
 
