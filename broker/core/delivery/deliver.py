@@ -188,8 +188,9 @@ def lock_ahead(group_name: str, member_id: str, topic_name: str, room: int) -> L
     The guess is checked by lock_member_offsets, once the group's lock has answered: rows that
     are not the member's (a rebalance, the member gone) raise GuessedWrong, and the caller
     rolls back. The rows are locked in id order after the group's lock, as lock_member_offsets
-    locks them, and a wrong guess is let go of before any other lock is asked for, so guessing
-    adds no deadlock (docs/architecture.md#locks).
+    locks them; a wrong guess is let go of before any other lock is asked for, and a call that
+    guessed leaves the member's heartbeat to an unguessed one (member_for_delivery), so
+    guessing adds no deadlock (docs/architecture.md#locks).
     """
     if bulk.vendor() != "postgresql":
         return None
