@@ -14,7 +14,10 @@ anyone can reproduce on the same machine:
    same cores does not count);
 5. WebSocket consume with prefetch 2 and an ack frame per message, first against the bare app
    (the same frames, nothing behind them: the transport's floor), then against Ferry;
-6. end to end: single-message publish frames at 1,000 msgs/s to a WebSocket subscriber, p50/p99;
+6. end to end: single-message publish frames at 1,000 msgs/s to a WebSocket subscriber, p50/p99,
+   where the time went (the publish's answer, then the push), both processes' CPU, and the
+   server's database thread from its /metrics: the calls each message cost it, how busy it was
+   and how long a call waited for it;
 7. prints every figure with its ratio to the reference and the target (issue 12), and stops
    both servers by their PIDs (always).
 
@@ -67,6 +70,7 @@ from produce_fetch import (
     stop_daphne,
     wait_healthy,
 )
+from prometheus_client.parser import text_string_to_metric_families
 from websocket import expect, frame, open_ws, percentile, receive, subscribe
 
 SEQUENTIAL = 2000
@@ -287,6 +291,22 @@ async def end_to_end(
     )
 
 
+def database_thread(url: str) -> dict[str, list[float]]:
+    """The server's writer-thread figures from /metrics (docs/metrics.md): per core call,
+    [calls, seconds busy, seconds queued]."""
+    found: dict[str, list[float]] = {}
+    names = {
+        "ferry_database_calls_total": 0,
+        "ferry_database_call_seconds_total": 1,
+        "ferry_database_call_queued_seconds_total": 2,
+    }
+    for family in text_string_to_metric_families(httpx.get(f"{url}/metrics").text):
+        for s in family.samples:
+            if s.name in names and s.labels["pool"] == "write":
+                found.setdefault(s.labels["call"], [0.0, 0.0, 0.0])[names[s.name]] = s.value
+    return found
+
+
 def start_bare(port: int, log_path: Path, server: str) -> subprocess.Popen[bytes]:
     command = server_command(server, port, "bare_asgi:application")
     with open(log_path, "wb") as log_file:
@@ -431,9 +451,14 @@ def run(args: argparse.Namespace, tmp: Path, fig: Figures) -> dict[str, float]:
         if "e2e" in args.only:
             e2e_rate = args.e2e_rate
             progress(f"end to end: {e2e_rate} single-message publishes/s for {LATENCY_SECONDS} s")
+            calls0 = database_thread(url)
             cpu0, client0, wall0 = cpu_seconds(server.pid), cpu_seconds(os.getpid()), time.time()
             timings = asyncio.run(end_to_end(ws_url, secret, e2e_topic, e2e_rate))
             wall = time.time() - wall0
+            calls = {
+                name: [a - b for a, b in zip(now, calls0.get(name, [0.0] * 3), strict=True)]
+                for name, now in database_thread(url).items()
+            }
             cpu, client_cpu = cpu_seconds(server.pid) - cpu0, cpu_seconds(os.getpid()) - client0
             e2e = timings.arrived
             out["e2e_p50"], out["e2e_p99"] = p(e2e, 0.5), p(e2e, 0.99)
@@ -454,6 +479,15 @@ def run(args: argparse.Namespace, tmp: Path, fig: Figures) -> dict[str, float]:
                 "… CPU during it, server / bench client",
                 f"{cpu / len(e2e) * 1e3:.3f} / {client_cpu / len(e2e) * 1e3:.3f} ms/msg",
                 f"busy {cpu / wall:.0%} / {client_cpu / wall:.0%} of a core",
+            )
+            # The server's database thread: the calls each message cost it, and its queue.
+            ran = sorted(((c, name) for name, (c, _, _) in calls.items() if c), reverse=True)
+            total = sum(c for c, _ in ran) or 1
+            fig.add(
+                "… database thread: calls per message",
+                ", ".join(f"{name} {c / len(e2e):.2f}" for c, name in ran[:4]),
+                f"busy {sum(b for _, b, _ in calls.values()) / wall:.0%} of the run, "
+                f"{sum(q for _, _, q in calls.values()) / total * 1e3:.2f} ms queued a call",
             )
     finally:
         stop_daphne(server)

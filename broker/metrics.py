@@ -23,7 +23,7 @@ from prometheus_client.registry import Collector
 import broker
 from broker import api
 from broker import settings as ferry_settings
-from broker.core import errors, figures, keys
+from broker.core import dbthreads, errors, figures, keys
 from broker.core.records import Principal
 
 LOOPBACK = {"127.0.0.1", "::1"}
@@ -160,6 +160,39 @@ class BrokerCollector(Collector):
         yield processes
 
 
+class DatabaseThreadsCollector(Collector):
+    """This process's database threads: calls run, time busy, time queued (core/dbthreads.py).
+
+    A scrape sees the process that answered it, as REQUEST_SECONDS does.
+    """
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        labels = ["pool", "call"]
+        calls = CounterMetricFamily(
+            "ferry_database_calls",
+            "Core calls this process's database threads ran, by pool and call.",
+            labels=labels,
+        )
+        busy = CounterMetricFamily(
+            "ferry_database_call_seconds",
+            "Seconds this process's database threads spent running them.",
+            labels=labels,
+        )
+        queued = CounterMetricFamily(
+            "ferry_database_call_queued_seconds",
+            "Seconds they waited for a free database thread before they ran.",
+            labels=labels,
+        )
+        for (pool, call), f in sorted(dbthreads.call_figures().items()):
+            calls.add_metric([pool, call], f.calls)
+            busy.add_metric([pool, call], f.busy_s)
+            queued.add_metric([pool, call], f.queued_s)
+        yield from (calls, busy, queued)
+
+
 def _scraper(request: HttpRequest) -> Principal:
     """Who is scraping, by FERRY_METRICS_AUTH: loopback (default), open, key or basic."""
     mode = str(ferry_settings.get("METRICS_AUTH"))
@@ -208,4 +241,5 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(BrokerCollector(principal))
     registry.register(REQUEST_SECONDS)
+    registry.register(DatabaseThreadsCollector())
     return HttpResponse(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)

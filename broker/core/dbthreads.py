@@ -14,9 +14,11 @@ PostgreSQL), so a write sent to the wrong pool fails loudly instead of racing th
 import asyncio
 import functools
 import threading
+import time
 import weakref
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from asgiref.sync import sync_to_async
@@ -39,6 +41,51 @@ READ_ONLY_SQL = {
     "sqlite": "PRAGMA query_only = 1",
     "postgresql": "SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY",
 }
+
+
+@dataclass
+class CallFigures:
+    """What one kind of call cost this process's threads of one pool, since it started."""
+
+    calls: int = 0
+    busy_s: float = 0.0  # on a thread, from start to end
+    queued_s: float = 0.0  # submitted, waiting for a free thread
+
+
+# (pool, call name) -> its figures: the operator's view of how busy the threads are
+# (/metrics, docs/metrics.md). Only calls run on a pool's thread are counted.
+_figures: dict[tuple[str, str], CallFigures] = {}
+_figures_lock = threading.Lock()
+
+
+def call_figures() -> dict[tuple[str, str], CallFigures]:
+    """A copy of the figures of every (pool, call) run so far: pool "write" (run()) or "read"."""
+    with _figures_lock:
+        return {key: CallFigures(f.calls, f.busy_s, f.queued_s) for key, f in _figures.items()}
+
+
+def _name(fn: Callable[..., Any]) -> str:
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    return getattr(fn, "__name__", type(fn).__name__)
+
+
+def _counted(pool: str, submitted: float, call: Callable[[], T], fn: Callable[..., Any]) -> T:
+    """call() on a pool's thread (submitted at the perf_counter() given), its time there and in
+    the queue added to fn's figures: a clock read at each end and a lock, about a microsecond."""
+    started = time.perf_counter()
+    try:
+        return call()
+    finally:
+        ended = time.perf_counter()
+        key = (pool, _name(fn))
+        with _figures_lock:
+            figures = _figures.get(key)
+            if figures is None:
+                figures = _figures[key] = CallFigures()
+            figures.calls += 1
+            figures.busy_s += ended - started
+            figures.queued_s += started - submitted
 
 
 def thread_count() -> int:
@@ -154,7 +201,8 @@ async def run(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     if pool is None:
         return await sync_to_async(outages.call_with_reconnect)(fn, *args, **kwargs)
     loop = asyncio.get_running_loop()
-    return await loop.run_in_executor(pool, functools.partial(_call, loop, fn, *args, **kwargs))
+    call = functools.partial(_call, loop, fn, *args, **kwargs)
+    return await loop.run_in_executor(pool, _counted, "write", time.perf_counter(), call, fn)
 
 
 def _read_call(
@@ -180,6 +228,5 @@ async def read(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     if pool is None:
         return await run(fn, *args, **kwargs)
     loop = asyncio.get_running_loop()
-    return await loop.run_in_executor(
-        pool, functools.partial(_read_call, loop, fn, *args, **kwargs)
-    )
+    call = functools.partial(_read_call, loop, fn, *args, **kwargs)
+    return await loop.run_in_executor(pool, _counted, "read", time.perf_counter(), call, fn)

@@ -9,7 +9,7 @@ from django.test import Client
 from prometheus_client.parser import text_string_to_metric_families
 
 from broker import models
-from broker.core import delivery, groups, keys, log, membership
+from broker.core import dbthreads, delivery, groups, keys, log, membership
 from broker.core.records import NewMessage
 
 CONSOLE = keys.CONSOLE
@@ -71,6 +71,16 @@ def test_metrics__figures(busy):
     assert got[("ferry_scheduled_messages", frozenset({("topic", "secret")}))] == 1
     assert got[("ferry_broker_processes_alive", frozenset({("kind", "server")}))] >= 1
     assert got[("ferry_info", frozenset({("version", "0.1.0")}))] == 1
+
+
+def test_metrics__this_processs_database_threads(db, monkeypatch):
+    figures = {("write", "append_batches"): dbthreads.CallFigures(3, 0.5, 0.25)}
+    monkeypatch.setattr(dbthreads, "_figures", figures)
+    _, got = scrape()
+    labels = frozenset({("pool", "write"), ("call", "append_batches")})
+    assert got[("ferry_database_calls_total", labels)] == 3
+    assert got[("ferry_database_call_seconds_total", labels)] == 0.5
+    assert got[("ferry_database_call_queued_seconds_total", labels)] == 0.25
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,9 @@
 """Reader threads beside the writer: reads run there, writes cannot (core/dbthreads.py)."""
 
+import asyncio
+import functools
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -35,6 +38,30 @@ def _thread_name() -> str:
 async def test_read__runs_on_a_reader_thread_and_run_on_the_writer(pools):
     assert (await dbthreads.read(_thread_name)).startswith("ferry-read")
     assert (await dbthreads.run(_thread_name)).startswith("ferry-db")
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_call_figures__each_pools_calls_their_time_there_and_their_wait(pools):
+    before = dbthreads.call_figures()
+    # Two calls at once on the one writer thread: the second waits for the first.
+    await asyncio.gather(
+        dbthreads.run(time.sleep, 0.05), dbthreads.run(functools.partial(_thread_name))
+    )
+    await dbthreads.read(_thread_name)
+    after = dbthreads.call_figures()
+
+    def grown(key: tuple[str, str]) -> tuple[int, float, float]:
+        was, now = before.get(key, dbthreads.CallFigures()), after[key]
+        return now.calls - was.calls, now.busy_s - was.busy_s, now.queued_s - was.queued_s
+
+    calls, busy, _ = grown(("write", "sleep"))
+    assert calls == 1
+    assert busy >= 0.05
+    # A partial counts as the function it wraps.
+    calls, _, queued = grown(("write", "_thread_name"))
+    assert calls == 1
+    assert queued >= 0.04
+    assert grown(("read", "_thread_name"))[0] == 1
 
 
 def _create_topic() -> None:
