@@ -14,7 +14,7 @@ import logging
 import sys
 import weakref
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import parse_qs
 
 import orjson
@@ -52,6 +52,7 @@ from broker.core.records import (
 )
 from broker.subscriptions import HeldAcks, Subscription
 
+T = TypeVar("T")
 logger = logging.getLogger(__name__)
 
 # Close codes (docs/websocket.md#close-codes). Autobahn, under Daphne, lets an application send
@@ -524,9 +525,10 @@ class BrokerConsumer(AsyncWebsocketConsumer):
             s.presume(frame.receipts)  # settled from now on
         # Settlements are applied in the order they came: a held ack first.
         await self._settle_held(s)
-        result = await dbthreads.run(
-            functools.partial(call, self._principal(), s.group, frame.receipts, *args, **kwargs)
+        settle = functools.partial(
+            call, self._principal(), s.group, frame.receipts, *args, **kwargs
         )
+        result = await _write(len(frame.receipts) if name == "acked" else None, settle)
         if name != "extended":
             # Settled messages open the window again (back-pressure).
             s.credit += result.settled
@@ -624,8 +626,9 @@ class BrokerConsumer(AsyncWebsocketConsumer):
     async def _ack_then_deliver(
         self, s: Subscription, receipts: list[str], credit: int, batch: int
     ) -> AckAndDelivery:
-        """delivery.ack_and_deliver for s, on a database thread."""
-        return await dbthreads.run(
+        """delivery.ack_and_deliver for s, on a database thread (or the loop's, if short)."""
+        return await _write(
+            max(len(receipts), credit),
             delivery.ack_and_deliver,
             self._principal(),
             s.group,
@@ -819,8 +822,8 @@ class BrokerConsumer(AsyncWebsocketConsumer):
         """Settle held acks alone and answer them; never raises (an error is answered as the
         ack's own would have been)."""
         try:
-            result = await dbthreads.run(
-                delivery.ack_messages, self._principal(), s.group, held.receipts
+            result = await _write(
+                len(held.receipts), delivery.ack_messages, self._principal(), s.group, held.receipts
             )
         except Exception as exc:
             if isinstance(exc, errors.BrokerError) and len(held.acks) > 1:
@@ -1025,7 +1028,8 @@ class BrokerConsumer(AsyncWebsocketConsumer):
                     result, room = found
                 else:
                     try:
-                        result = await dbthreads.run(
+                        result = await _write(
+                            reserved,
                             delivery.deliver_messages,
                             principal,
                             s.group,
@@ -1181,6 +1185,16 @@ class BrokerConsumer(AsyncWebsocketConsumer):
                 "partitions": list(s.partitions),
             }
         )
+
+
+async def _write(size: int | None, fn: Callable[..., T], *args: Any) -> T:
+    """fn(*args) on a database thread, or on the loop's own (dbthreads.run_here) when it settles
+    or delivers at most FERRY_WS_LOOP_CALL_MESSAGES messages (size; None: not a push or ack): a
+    larger call would hold the loop too long."""
+    limit = ferry_settings.get("WS_LOOP_CALL_MESSAGES")
+    if size is not None and limit > 0 and size <= limit:
+        return await dbthreads.run_here(fn, *args)
+    return await dbthreads.run(fn, *args)
 
 
 def _settled(name: str, ref: frames.Ref, sub: str, result: SettleResult) -> dict[str, Any]:

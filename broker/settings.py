@@ -65,6 +65,9 @@ class Defaults:
     # read for it in the same database call, pushed as its next acks come (0: none; only with
     # FERRY_WS_ACK_HOLD_MS above 0, which settles those acks).
     WS_READ_AHEAD: int = 16
+    # On SQLite, a WebSocket push or ack of at most this many messages runs on the event loop's
+    # own thread when nothing else writes (no hop to the database thread; 0: never).
+    WS_LOOP_CALL_MESSAGES: int = 128
     # Message trace events are kept this long, and purged this often.
     TRACE_RETENTION_SECONDS: int = 7 * 24 * 3600
     TRACE_PURGE_INTERVAL_SECONDS: float = 300.0

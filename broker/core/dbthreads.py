@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 from asgiref.sync import sync_to_async
 from django.db import connection
 from django.db.backends.signals import connection_created
-from django.db.utils import DatabaseError
+from django.db.utils import DatabaseError, OperationalError
 
 from broker import settings as ferry_settings
 from broker.core import outages
@@ -49,7 +49,7 @@ class CallFigures:
 
     calls: int = 0
     busy_s: float = 0.0  # on a thread, from start to end
-    queued_s: float = 0.0  # submitted, waiting for a free thread
+    queued_s: float = 0.0  # asked for, waiting for its turn and a free thread
 
 
 # (pool, call name) -> its figures: the operator's view of how busy the threads are
@@ -59,7 +59,8 @@ _figures_lock = threading.Lock()
 
 
 def call_figures() -> dict[tuple[str, str], CallFigures]:
-    """A copy of the figures of every (pool, call) run so far: pool "write" (run()) or "read"."""
+    """A copy of the figures of every (pool, call) run so far: pool "write" (run()), "read"
+    (read()) or "loop" (run_here() on the event loop's thread)."""
     with _figures_lock:
         return {key: CallFigures(f.calls, f.busy_s, f.queued_s) for key, f in _figures.items()}
 
@@ -77,15 +78,20 @@ def _counted(pool: str, submitted: float, call: Callable[[], T], fn: Callable[..
     try:
         return call()
     finally:
-        ended = time.perf_counter()
-        key = (pool, _name(fn))
-        with _figures_lock:
-            figures = _figures.get(key)
-            if figures is None:
-                figures = _figures[key] = CallFigures()
-            figures.calls += 1
-            figures.busy_s += ended - started
-            figures.queued_s += started - submitted
+        _count(pool, fn, submitted, started, time.perf_counter())
+
+
+def _count(
+    pool: str, fn: Callable[..., Any], submitted: float, started: float, ended: float
+) -> None:
+    key = (pool, _name(fn))
+    with _figures_lock:
+        figures = _figures.get(key)
+        if figures is None:
+            figures = _figures[key] = CallFigures()
+        figures.calls += 1
+        figures.busy_s += ended - started
+        figures.queued_s += started - submitted
 
 
 def thread_count() -> int:
@@ -161,15 +167,21 @@ connection_created.connect(_writable_again, dispatch_uid="ferry.dbthreads.writab
 
 
 def _get_pool() -> ThreadPoolExecutor | None:
-    global _pool
+    global _pool, _writing
     if _pool is None:
         count = thread_count()
         if count == 0:
             return None
         with _pool_lock:
             if _pool is None:
+                # SQLite has one writer thread: its calls and those run_here() runs on the
+                # event loop's thread take turns by this lock (never waited for on the loop).
+                _writing = threading.Lock() if connection.vendor == "sqlite" else None
                 _pool = ThreadPoolExecutor(max_workers=count, thread_name_prefix="ferry-db")
     return _pool
+
+
+_writing: "threading.Lock | None" = None
 
 
 def home_loop() -> asyncio.AbstractEventLoop | None:
@@ -191,6 +203,16 @@ def _call(loop: asyncio.AbstractEventLoop, fn: Callable[..., T], *args: Any, **k
         _local.loop = None
 
 
+def _write_call(
+    loop: asyncio.AbstractEventLoop, fn: Callable[..., T], *args: Any, **kwargs: Any
+) -> T:
+    writing = _writing
+    if writing is None:
+        return _call(loop, fn, *args, **kwargs)
+    with writing:
+        return _call(loop, fn, *args, **kwargs)
+
+
 async def run(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """Run a sync core function on a database thread and await its result.
 
@@ -200,9 +222,121 @@ async def run(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     pool = _get_pool()
     if pool is None:
         return await sync_to_async(outages.call_with_reconnect)(fn, *args, **kwargs)
-    loop = asyncio.get_running_loop()
-    call = functools.partial(_call, loop, fn, *args, **kwargs)
-    return await loop.run_in_executor(pool, _counted, "write", time.perf_counter(), call, fn)
+    loop, asked = asyncio.get_running_loop(), time.perf_counter()
+    turn = _turn(loop)
+    if turn is None:
+        return await _on_writer(loop, pool, asked, fn, *args, **kwargs)
+    async with turn:
+        return await _on_writer(loop, pool, asked, fn, *args, **kwargs)
+
+
+async def _on_writer(
+    loop: asyncio.AbstractEventLoop,
+    pool: ThreadPoolExecutor,
+    asked: float,
+    fn: Callable[..., T],
+    *args: Any,
+    **kwargs: Any,
+) -> T:
+    """fn on the writer pool; asked: when the caller asked (perf_counter()), for its figures."""
+    call = functools.partial(_write_call, loop, fn, *args, **kwargs)
+    return await loop.run_in_executor(pool, _counted, "write", asked, call, fn)
+
+
+# SQLite: a loop's writes take turns, in the order they were asked for, each on the writer
+# thread or (run_here) on the loop itself; a short call waiting behind a commit then runs
+# here as soon as the commit is done, instead of after it on the thread.
+_turns: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock]" = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _turn(loop: asyncio.AbstractEventLoop) -> asyncio.Lock | None:
+    if _writing is None:
+        return None
+    turn = _turns.get(loop)
+    if turn is None:
+        turn = _turns[loop] = asyncio.Lock()
+    return turn
+
+
+class _WriterBusy(Exception):
+    """Another connection held SQLite's write lock when run_here()'s call began it."""
+
+
+async def run_here(fn: Callable[..., T], *args: Any) -> T:
+    """run(fn, *args), or at once on the event loop's own thread when the database is SQLite
+    and nothing else writes to it: this process's writer thread is between calls and no other
+    connection holds the write lock (docs/decisions/0021-short-calls-on-the-event-loop.md).
+
+    For short calls that do not wait for the disk (a few messages' push or ack, committed
+    without a flush): the loop runs nothing else meanwhile. They then cost no hop to the
+    writer thread and back, and no GIL handed to and fro for each statement.
+    """
+    pool, loop, asked = _get_pool(), asyncio.get_running_loop(), time.perf_counter()
+    writing, turn = _writing, _turn(loop)
+    if pool is None or writing is None or turn is None:
+        return await run(fn, *args)
+    here = False
+    async with turn:
+        # Free unless another loop of this process is writing (tests).
+        if writing.acquire(blocking=False):
+            started = time.perf_counter()
+            try:
+                result = _here(loop, fn, *args)
+            except _WriterBusy:
+                pass  # another process writes: the writer thread waits for it instead
+            else:
+                _count("loop", fn, asked, started, time.perf_counter())
+                here = True
+            finally:
+                writing.release()
+        if not here:
+            return await _on_writer(loop, pool, asked, fn, *args)
+    await asyncio.sleep(0)  # the loop's other work before the caller's next step
+    return result
+
+
+class _FirstBegin:
+    """Raises _WriterBusy when the call's first transaction finds the write lock another's: every
+    transaction takes it as it begins (transaction_mode IMMEDIATE), so nothing was done yet."""
+
+    def __init__(self) -> None:
+        self.begun = 0
+
+    def __call__(
+        self, execute: Callable[..., Any], sql: str, params: Any, many: bool, context: Any
+    ) -> Any:
+        if not sql.startswith("BEGIN"):
+            return execute(sql, params, many, context)
+        self.begun += 1
+        try:
+            return execute(sql, params, many, context)
+        except OperationalError as exc:
+            if self.begun == 1 and "database is locked" in str(exc):
+                raise _WriterBusy from exc
+            raise
+
+
+def _here(loop: asyncio.AbstractEventLoop, fn: Callable[..., T], *args: Any) -> T:
+    """fn(*args) on this thread's own connection; raises _WriterBusy if the write lock was
+    another's (nothing was done then)."""
+    # Django refuses its ORM on a thread where an event loop runs; this call is meant to.
+    asyncio.events._set_running_loop(None)
+    try:
+        if connection.connection is None:
+            connection.ensure_connection()
+        raw = connection.connection
+        if getattr(_local, "here_connection", None) is not raw:
+            # Never wait for another process's write (its busy timeout would stop the loop),
+            # and never checkpoint here (that flushes): the writer thread's commits do.
+            raw.execute("PRAGMA busy_timeout = 0")
+            raw.execute("PRAGMA wal_autocheckpoint = 0")
+            _local.here_connection = raw
+        with connection.execute_wrapper(_FirstBegin()):
+            return _call(loop, fn, *args)
+    finally:
+        asyncio.events._set_running_loop(loop)
 
 
 def _read_call(

@@ -2,12 +2,13 @@
 
 import asyncio
 import functools
+import sqlite3
 import threading
 import time
 from collections.abc import Iterator
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from django.db.utils import DatabaseError
 
 from broker import models
@@ -135,3 +136,70 @@ def test_pool__a_readers_session_accepts_writes_again_when_lent():
         cursor.execute("SHOW default_transaction_read_only")
         assert cursor.fetchone() == ("on",)
     connection.close()
+
+
+@pytest.fixture
+def writer_and_loop(pools) -> Iterator[None]:
+    """The pools, on SQLite; the loop thread's own connection (which run_here() leaves without
+    a busy timeout) closed afterwards, so the next test opens one as configured."""
+    if connection.vendor != "sqlite":
+        pytest.skip("run_here() runs on the loop's thread on SQLite only")
+    yield
+    connection.close()
+
+
+def _create_topic_in_a_transaction(name: str) -> str:
+    with transaction.atomic(durable=True):
+        models.Topic.objects.create(name=name, partition_count=1, max_message_bytes=10)
+    return _thread_name()
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_run_here__on_the_loops_thread_when_nothing_writes(writer_and_loop):
+    loop_thread = _thread_name()
+    assert await dbthreads.run_here(_create_topic_in_a_transaction, "here") == loop_thread
+    # Committed: the writer thread sees it.
+    assert await dbthreads.run(lambda: models.Topic.objects.filter(name="here").exists())
+    assert dbthreads.call_figures()[("loop", "_create_topic_in_a_transaction")].calls >= 1
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_run_here__takes_its_turn_after_a_call_on_the_writer_thread(writer_and_loop):
+    order: list[str] = []
+
+    def slow() -> None:
+        time.sleep(0.1)
+        order.append("writer")
+
+    first = asyncio.ensure_future(dbthreads.run(slow))
+    await asyncio.sleep(0)  # the slow call has its turn
+    started = time.monotonic()
+    assert await dbthreads.run_here(_create_topic_in_a_transaction, "after") == _thread_name()
+    order.append("here")
+    await first
+    assert order == ["writer", "here"]
+    assert time.monotonic() - started >= 0.05
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_run_here__leaves_a_database_another_writes_to_the_writer_thread(writer_and_loop):
+    # Another process's write lock: the loop does not wait for it (its busy timeout would stop
+    # the loop), the writer thread does, and the call runs once.
+    other = sqlite3.connect(connection.settings_dict["NAME"], isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")
+    asyncio.get_running_loop().call_later(0.2, other.execute, "COMMIT")
+    started = time.monotonic()
+    ran_on = await dbthreads.run_here(_create_topic_in_a_transaction, "later")
+    assert ran_on.startswith("ferry-db")
+    assert time.monotonic() - started >= 0.15
+    assert await dbthreads.run(lambda: models.Topic.objects.filter(name="later").count()) == 1
+    other.close()
+    # The next call finds the database free again and runs on the loop.
+    assert await dbthreads.run_here(_create_topic_in_a_transaction, "free") == _thread_name()
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_run_here__on_postgresql_on_the_writer_thread(pools):
+    if connection.vendor != "postgresql":
+        pytest.skip("PostgreSQL has writer threads enough")
+    assert (await dbthreads.run_here(_thread_name)).startswith("ferry-db")

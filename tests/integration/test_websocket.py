@@ -3,9 +3,13 @@
 import subprocess
 import tempfile
 import time
+from collections import Counter
 
+import httpx
 import orjson
 import pytest
+from django.db import connection
+from prometheus_client.parser import text_string_to_metric_families
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
@@ -33,6 +37,16 @@ def recv_type(ws, kind, timeout=10):
         frame = orjson.loads(ws.recv(timeout=max(0.01, deadline - time.monotonic())))
         if frame["type"] == kind:
             return frame
+
+
+def database_calls(http_url: str) -> Counter[tuple[str, str]]:
+    """The server's ferry_database_calls_total by (pool, call), from its /metrics."""
+    found: Counter[tuple[str, str]] = Counter()
+    for family in text_string_to_metric_families(httpx.get(f"{http_url}/metrics").text):
+        for s in family.samples:
+            if s.name == "ferry_database_calls_total":
+                found[(s.labels["pool"], s.labels["call"])] = int(s.value)
+    return found
 
 
 def subscribe(ws, topic, group="g", **fields):
@@ -254,9 +268,16 @@ def test_held_acks__a_subscriber_acking_each_message_of_a_fast_stream_gets_them_
             await asyncio.wait_for(tasks, 30)
             return values, acked
 
+    before = database_calls(broker_url)
     values, acked = asyncio.run(run())
     assert sorted(values) == list(range(total))
     assert acked == total
+    # The commits ran on the server's database thread; on SQLite the pushes and acks (a few
+    # messages each) ran on its event loop, between them (dbthreads.run_here).
+    grown = database_calls(broker_url) - before
+    assert grown[("write", "append_batches")] >= 1
+    if connection.vendor == "sqlite":
+        assert sum(n for (pool, _), n in grown.items() if pool == "loop") >= 1
     deadline = time.monotonic() + 10
     while models.GroupMember.objects.exists():
         assert time.monotonic() < deadline, "the subscription did not leave its group"
