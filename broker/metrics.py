@@ -183,7 +183,7 @@ class DatabaseThreadsCollector(Collector):
         )
         queued = CounterMetricFamily(
             "ferry_database_call_queued_seconds",
-            "Seconds they waited for their turn and a free database thread before they ran.",
+            "Seconds they waited for the calls before them and a free thread before they ran.",
             labels=labels,
         )
         for (pool, call), f in sorted(dbthreads.call_figures().items()):

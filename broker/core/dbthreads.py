@@ -18,7 +18,7 @@ import time
 import weakref
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from asgiref.sync import sync_to_async
@@ -49,7 +49,7 @@ class CallFigures:
 
     calls: int = 0
     busy_s: float = 0.0  # on a thread, from start to end
-    queued_s: float = 0.0  # asked for, waiting for its turn and a free thread
+    queued_s: float = 0.0  # asked for, waiting for the calls before it and a free thread
 
 
 # (pool, call name) -> its figures: the operator's view of how busy the threads are
@@ -175,7 +175,7 @@ def _get_pool() -> ThreadPoolExecutor | None:
         with _pool_lock:
             if _pool is None:
                 # SQLite has one writer thread: its calls and those run_here() runs on the
-                # event loop's thread take turns by this lock (never waited for on the loop).
+                # event loop's thread hold this lock (only ever tried on the loop).
                 _writing = threading.Lock() if connection.vendor == "sqlite" else None
                 _pool = ThreadPoolExecutor(max_workers=count, thread_name_prefix="ferry-db")
     return _pool
@@ -223,11 +223,19 @@ async def run(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     if pool is None:
         return await sync_to_async(outages.call_with_reconnect)(fn, *args, **kwargs)
     loop, asked = asyncio.get_running_loop(), time.perf_counter()
-    turn = _turn(loop)
-    if turn is None:
+    writes = _writes_of(loop)
+    if writes is None:
         return await _on_writer(loop, pool, asked, fn, *args, **kwargs)
-    async with turn:
+    while writes.waiting:  # short calls wait for the writer thread: they go first
+        await writes.served.wait()
+    writes.pending += 1
+    writes.idle.clear()
+    try:
         return await _on_writer(loop, pool, asked, fn, *args, **kwargs)
+    finally:
+        writes.pending -= 1
+        if not writes.pending:
+            writes.idle.set()
 
 
 async def _on_writer(
@@ -243,21 +251,33 @@ async def _on_writer(
     return await loop.run_in_executor(pool, _counted, "write", asked, call, fn)
 
 
-# SQLite: a loop's writes take turns, in the order they were asked for, each on the writer
-# thread or (run_here) on the loop itself; a short call waiting behind a commit then runs
-# here as soon as the commit is done, instead of after it on the thread.
-_turns: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock]" = (
+@dataclass
+class _Writes:
+    """SQLite: one loop's calls on the writer thread, and its short calls waiting for it to be
+    idle (run_here), which then run before any call sent there after them."""
+
+    pending: int = 0  # on the writer thread (or in its queue)
+    waiting: int = 0  # run_here() calls waiting for pending to be 0
+    idle: asyncio.Event = field(default_factory=asyncio.Event)  # set when pending is 0
+    served: asyncio.Event = field(default_factory=asyncio.Event)  # set when waiting is 0
+
+    def __post_init__(self) -> None:
+        self.idle.set()
+        self.served.set()
+
+
+_writes: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Writes]" = (
     weakref.WeakKeyDictionary()
 )
 
 
-def _turn(loop: asyncio.AbstractEventLoop) -> asyncio.Lock | None:
+def _writes_of(loop: asyncio.AbstractEventLoop) -> _Writes | None:
     if _writing is None:
         return None
-    turn = _turns.get(loop)
-    if turn is None:
-        turn = _turns[loop] = asyncio.Lock()
-    return turn
+    writes = _writes.get(loop)
+    if writes is None:
+        writes = _writes[loop] = _Writes()
+    return writes
 
 
 class _WriterBusy(Exception):
@@ -265,34 +285,41 @@ class _WriterBusy(Exception):
 
 
 async def run_here(fn: Callable[..., T], *args: Any) -> T:
-    """run(fn, *args), or at once on the event loop's own thread when the database is SQLite
-    and nothing else writes to it: this process's writer thread is between calls and no other
-    connection holds the write lock (docs/decisions/0021-short-calls-on-the-event-loop.md).
+    """run(fn, *args), or on the event loop's own thread when the database is SQLite and
+    nothing else writes to it: this loop's calls on the writer thread are done (it waits for
+    them, and goes before those asked for after it) and no other connection holds the write
+    lock (docs/decisions/0021-short-calls-on-the-event-loop.md).
 
     For short calls that do not wait for the disk (a few messages' push or ack, committed
     without a flush): the loop runs nothing else meanwhile. They then cost no hop to the
     writer thread and back, and no GIL handed to and fro for each statement.
     """
     pool, loop, asked = _get_pool(), asyncio.get_running_loop(), time.perf_counter()
-    writing, turn = _writing, _turn(loop)
-    if pool is None or writing is None or turn is None:
+    writing, writes = _writing, _writes_of(loop)
+    if pool is None or writing is None or writes is None:
         return await run(fn, *args)
-    here = False
-    async with turn:
-        # Free unless another loop of this process is writing (tests).
-        if writing.acquire(blocking=False):
-            started = time.perf_counter()
-            try:
-                result = _here(loop, fn, *args)
-            except _WriterBusy:
-                pass  # another process writes: the writer thread waits for it instead
-            else:
-                _count("loop", fn, asked, started, time.perf_counter())
-                here = True
-            finally:
-                writing.release()
-        if not here:
-            return await _on_writer(loop, pool, asked, fn, *args)
+    if writes.pending:
+        writes.waiting += 1
+        writes.served.clear()
+        try:
+            while writes.pending:
+                await writes.idle.wait()
+        finally:
+            writes.waiting -= 1
+            if not writes.waiting:
+                writes.served.set()
+    # Free unless another loop of this process is writing (tests).
+    if not writing.acquire(blocking=False):
+        return await run(fn, *args)
+    started = time.perf_counter()
+    try:
+        try:
+            result = _here(loop, fn, *args)
+        finally:
+            writing.release()
+    except _WriterBusy:
+        return await run(fn, *args)  # another process writes: the writer thread waits for it
+    _count("loop", fn, asked, started, time.perf_counter())
     await asyncio.sleep(0)  # the loop's other work before the caller's next step
     return result
 

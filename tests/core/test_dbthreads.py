@@ -164,20 +164,31 @@ async def test_run_here__on_the_loops_thread_when_nothing_writes(writer_and_loop
 
 
 @pytest.mark.django_db(transaction=True)
-async def test_run_here__takes_its_turn_after_a_call_on_the_writer_thread(writer_and_loop):
+async def test_run_here__waits_for_the_writer_thread_and_goes_before_calls_asked_later(
+    writer_and_loop,
+):
     order: list[str] = []
 
     def slow() -> None:
         time.sleep(0.1)
         order.append("writer")
 
+    def later() -> None:
+        order.append("later")
+
+    def now() -> str:
+        order.append("here")
+        return _create_topic_in_a_transaction("after")
+
     first = asyncio.ensure_future(dbthreads.run(slow))
-    await asyncio.sleep(0)  # the slow call has its turn
+    await asyncio.sleep(0)  # the slow call is on the writer thread
     started = time.monotonic()
-    assert await dbthreads.run_here(_create_topic_in_a_transaction, "after") == _thread_name()
-    order.append("here")
-    await first
-    assert order == ["writer", "here"]
+    here = asyncio.ensure_future(dbthreads.run_here(now))
+    await asyncio.sleep(0)  # waiting for the writer thread
+    then = asyncio.ensure_future(dbthreads.run(later))
+    assert await here == _thread_name()
+    await asyncio.gather(first, then)
+    assert order == ["writer", "here", "later"]
     assert time.monotonic() - started >= 0.05
 
 
