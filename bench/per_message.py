@@ -16,8 +16,8 @@ anyone can reproduce on the same machine:
    (the same frames, nothing behind them: the transport's floor), then against Ferry;
 6. end to end: single-message publish frames at 1,000 msgs/s to a WebSocket subscriber, p50/p99,
    where the time went (the publish's answer, then the push), both processes' CPU, and the
-   server's database thread from its /metrics: the calls each message cost it, how busy it was
-   and how long a call waited for it;
+   server's database calls from its /metrics: the calls each message cost, on the writer thread
+   or the event loop, how busy the writer was and how long a call waited for it;
 7. prints every figure with its ratio to the reference and the target (issue 12), and stops
    both servers by their PIDs (always).
 
@@ -291,10 +291,10 @@ async def end_to_end(
     )
 
 
-def database_thread(url: str) -> dict[str, list[float]]:
-    """The server's writer-thread figures from /metrics (docs/metrics.md): per core call,
-    [calls, seconds busy, seconds queued]."""
-    found: dict[str, list[float]] = {}
+def database_calls(url: str) -> dict[tuple[str, str], list[float]]:
+    """The server's database-call figures from /metrics (docs/metrics.md): per (pool, core
+    call), [calls, seconds busy, seconds queued]."""
+    found: dict[tuple[str, str], list[float]] = {}
     names = {
         "ferry_database_calls_total": 0,
         "ferry_database_call_seconds_total": 1,
@@ -302,8 +302,9 @@ def database_thread(url: str) -> dict[str, list[float]]:
     }
     for family in text_string_to_metric_families(httpx.get(f"{url}/metrics").text):
         for s in family.samples:
-            if s.name in names and s.labels["pool"] == "write":
-                found.setdefault(s.labels["call"], [0.0, 0.0, 0.0])[names[s.name]] = s.value
+            if s.name in names:
+                key = (s.labels["pool"], s.labels["call"])
+                found.setdefault(key, [0.0, 0.0, 0.0])[names[s.name]] = s.value
     return found
 
 
@@ -451,13 +452,13 @@ def run(args: argparse.Namespace, tmp: Path, fig: Figures) -> dict[str, float]:
         if "e2e" in args.only:
             e2e_rate = args.e2e_rate
             progress(f"end to end: {e2e_rate} single-message publishes/s for {LATENCY_SECONDS} s")
-            calls0 = database_thread(url)
+            calls0 = database_calls(url)
             cpu0, client0, wall0 = cpu_seconds(server.pid), cpu_seconds(os.getpid()), time.time()
             timings = asyncio.run(end_to_end(ws_url, secret, e2e_topic, e2e_rate))
             wall = time.time() - wall0
             calls = {
-                name: [a - b for a, b in zip(now, calls0.get(name, [0.0] * 3), strict=True)]
-                for name, now in database_thread(url).items()
+                key: [a - b for a, b in zip(now, calls0.get(key, [0.0] * 3), strict=True)]
+                for key, now in database_calls(url).items()
             }
             cpu, client_cpu = cpu_seconds(server.pid) - cpu0, cpu_seconds(os.getpid()) - client0
             e2e = timings.arrived
@@ -480,14 +481,17 @@ def run(args: argparse.Namespace, tmp: Path, fig: Figures) -> dict[str, float]:
                 f"{cpu / len(e2e) * 1e3:.3f} / {client_cpu / len(e2e) * 1e3:.3f} ms/msg",
                 f"busy {cpu / wall:.0%} / {client_cpu / wall:.0%} of a core",
             )
-            # The server's database thread: the calls each message cost it, and its queue.
-            ran = sorted(((c, name) for name, (c, _, _) in calls.items() if c), reverse=True)
-            total = sum(c for c, _ in ran) or 1
+            # The server's database calls: where each message's ran (its writer thread, or
+            # its event loop: ADR 0021), how busy the writer was, and its queue.
+            per_message = {key: c / len(e2e) for key, (c, _, _) in calls.items()}
+            shown = sorted((n, key) for key, n in per_message.items() if n >= 0.01)
+            writer = [figures for (pool, _), figures in calls.items() if pool == "write"]
+            writer_calls = sum(c for c, _, _ in writer) or 1
             fig.add(
-                "… database thread: calls per message",
-                ", ".join(f"{name} {c / len(e2e):.2f}" for c, name in ran[:4]),
-                f"busy {sum(b for _, b, _ in calls.values()) / wall:.0%} of the run, "
-                f"{sum(q for _, _, q in calls.values()) / total * 1e3:.2f} ms queued a call",
+                "… database calls per message",
+                ", ".join(f"{pool} {name} {n:.2f}" for n, (pool, name) in reversed(shown)),
+                f"writer busy {sum(b for _, b, _ in writer) / wall:.0%} of the run, "
+                f"{sum(q for _, _, q in writer) / writer_calls * 1e3:.2f} ms queued a call",
             )
     finally:
         stop_daphne(server)
