@@ -1,4 +1,6 @@
-"""Reader threads beside the writer: reads run there, writes cannot (core/dbthreads.py)."""
+"""Reader threads beside the writer: reads run there, writes cannot; each call counted; short
+writes on the loop itself (run_here, SQLite) in order, and a locked database left to the writer
+(core/dbthreads.py)."""
 
 import asyncio
 import functools
