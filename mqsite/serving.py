@@ -195,6 +195,7 @@ def hook_daphne() -> None:
 
     server.Server.timeout_checker = check_receiving
     _skip_form_parsing()
+    _plain_frame_logs()
 
 
 def _skip_form_parsing() -> None:
@@ -213,6 +214,25 @@ def _skip_form_parsing() -> None:
         self._parsePOSTFormSubmission = False
 
     WebRequest.__init__ = __init__
+
+
+def _unstyled(value: Any, *args: Any, **kwargs: Any) -> Any:
+    return value
+
+
+def _plain_frame_logs() -> None:
+    """Under Daphne, do not style a debug line for every WebSocket frame autobahn sends.
+
+    autobahn's sendData builds the arguments of a debug log line on every write, whether or not
+    debug is logged: its type and peer, styled in colour with click (there because Celery needs
+    it). That is four click.style calls a frame, about 3 µs, a few percent of the event loop
+    when subscribers take 100-message pushes (docs/benchmarks.md). Its log lines keep their
+    words, without the colour.
+    """
+    from autobahn.websocket import protocol
+
+    # Module globals, which sendData looks up at each call.
+    vars(protocol).update(hltype=_unstyled, hlval=_unstyled)
 
 
 def _time_out(channel: Any, part: str, limit_s: float) -> None:

@@ -2,6 +2,7 @@
 
 import re
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 FLAGS = ("--websocket-max-message-size", "--websocket-max-frame-size")
@@ -41,3 +42,31 @@ def test_redact__keys_and_token_parameters():
     assert redact("GET /topics/t/messages?key=customer-42") == (
         "GET /topics/t/messages?key=customer-42"
     )
+
+
+def test_plain_frame_logs__a_frame_sent_styles_no_log_line(monkeypatch):
+    """autobahn builds a debug line's arguments for every frame it sends, logged or not; under
+    Daphne they are left unstyled (mqsite/serving.py): no click.style call per frame."""
+    import click
+    from autobahn.twisted.websocket import WebSocketServerProtocol
+    from autobahn.websocket.protocol import TrafficStats
+    from twisted.internet.testing import StringTransport
+
+    from mqsite import serving
+
+    serving._plain_frame_logs()
+    styled: list[str] = []
+
+    def style(text: str, **kwargs: Any) -> str:
+        styled.append(text)
+        return text
+
+    monkeypatch.setattr(click, "style", style)
+    sender: Any = WebSocketServerProtocol()
+    sender.transport = wire = StringTransport()
+    sender.state, sender.peer = sender.STATE_OPEN, "tcp:127.0.0.1:1"
+    sender.logOctets = sender.logFrames = False
+    sender.send_queue, sender.trafficStats = [], TrafficStats()
+    sender.sendData(b"a frame")
+    assert wire.value() == b"a frame"
+    assert styled == []
