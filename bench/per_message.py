@@ -17,7 +17,9 @@ anyone can reproduce on the same machine:
 6. end to end: single-message publish frames at 1,000 msgs/s to a WebSocket subscriber, p50/p99,
    where the time went (the publish's answer, then the push), both processes' CPU, and the
    server's database calls from its /metrics: the calls each message cost, on the writer thread
-   or the event loop, how busy the writer was and how long a call waited for it;
+   or the event loop, how busy the writer was and how long a call waited for it; and, on
+   SQLite, the disk's own flush latency meanwhile (FlushProbe: every answer waits for a flush,
+   so the disk's stalls bound the p99 any durable broker can reach here);
 7. prints every figure with its ratio to the reference and the target (issue 12), and stops
    both servers by their PIDs (always).
 
@@ -331,6 +333,55 @@ def p(values: list[float], fraction: float) -> float:
     return percentile(values, fraction)
 
 
+class FlushProbe:
+    """The disk's own flushes during a run: a 4 KiB append and its fdatasync every 10 ms, in a
+    file beside the database, each timed. Every produce Ferry answers waits for such a flush
+    (its group commit's); a flush that stalls delays every answer due meanwhile, whatever the
+    broker does, so its stalls are the reference for the end-to-end p99 on this disk. Light:
+    100 small flushes a second beside the broker's hundreds."""
+
+    STALL_MS = 5.0
+
+    def __init__(self, directory: Path, every_s: float = 0.01) -> None:
+        self.path = directory / "flush-probe"
+        self.every_s = every_s
+        self.flushes: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="flush-probe", daemon=True)
+
+    def __enter__(self) -> "FlushProbe":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.path.unlink(missing_ok=True)
+
+    def _run(self) -> None:
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            block = b"\0" * 4096
+            while not self._stop.is_set():
+                os.write(fd, block)
+                started = time.perf_counter()
+                os.fdatasync(fd)
+                took = time.perf_counter() - started
+                self.flushes.append(took * 1000)
+                self._stop.wait(max(0.0, self.every_s - took))
+        finally:
+            os.close(fd)
+
+    def describe(self) -> tuple[str, str]:
+        flushes = sorted(self.flushes)
+        stalls = [ms for ms in flushes if ms > self.STALL_MS]
+        return (
+            f"p50 {p(flushes, 0.5):.2f}, p99 {p(flushes, 0.99):.2f}, max {flushes[-1]:.0f} ms",
+            f"{len(stalls)} of {len(flushes)} flushes over {self.STALL_MS:.0f} ms, "
+            f"{sum(stalls):.0f} ms in all",
+        )
+
+
 def run(args: argparse.Namespace, tmp: Path, fig: Figures) -> dict[str, float]:
     from django.db import connections
 
@@ -454,7 +505,8 @@ def run(args: argparse.Namespace, tmp: Path, fig: Figures) -> dict[str, float]:
             progress(f"end to end: {e2e_rate} single-message publishes/s for {LATENCY_SECONDS} s")
             calls0 = database_calls(url)
             cpu0, client0, wall0 = cpu_seconds(server.pid), cpu_seconds(os.getpid()), time.time()
-            timings = asyncio.run(end_to_end(ws_url, secret, e2e_topic, e2e_rate))
+            with FlushProbe(tmp) as flushes:
+                timings = asyncio.run(end_to_end(ws_url, secret, e2e_topic, e2e_rate))
             wall = time.time() - wall0
             calls = {
                 key: [a - b for a, b in zip(now, calls0.get(key, [0.0] * 3), strict=True)]
@@ -481,6 +533,9 @@ def run(args: argparse.Namespace, tmp: Path, fig: Figures) -> dict[str, float]:
                 f"{cpu / len(e2e) * 1e3:.3f} / {client_cpu / len(e2e) * 1e3:.3f} ms/msg",
                 f"busy {cpu / wall:.0%} / {client_cpu / wall:.0%} of a core",
             )
+            if connections["default"].vendor == "sqlite":
+                # On the embedded default each answer waits for a flush of this disk.
+                fig.add("… the disk meanwhile, a 4 KiB flush every 10 ms", *flushes.describe())
             # The server's database calls: where each message's ran (its writer thread, or
             # its event loop: ADR 0021), how busy the writer was, and its queue.
             per_message = {key: c / len(e2e) for key, (c, _, _) in calls.items()}
