@@ -1,4 +1,5 @@
-"""Every way Ferry is served gives Daphne FERRY_WS_MAX_FRAME_BYTES (docs/websocket.md#limits)."""
+"""How Ferry is served: every way gives Daphne FERRY_WS_MAX_FRAME_BYTES (docs/websocket.md#limits),
+keys stay out of the access log, and autobahn styles no log line per frame (mqsite/serving.py)."""
 
 import re
 from pathlib import Path
