@@ -2,6 +2,7 @@
 
 import gc
 import itertools
+import signal
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -16,6 +17,12 @@ from broker.core.records import Principal, TopicInfo
 from tests.sessions import LingeringSession, end_lingering_sessions
 
 _names = itertools.count()
+
+# A suite started as a background job of a script (a non-interactive shell's `&`) inherits
+# SIGINT ignored, and so would every server it starts: Twisted leaves an ignored SIGINT alone,
+# and test_shutdown's Ctrl-C would then do nothing. The suite's servers get the default.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session")
