@@ -317,9 +317,13 @@ async def run_here(fn: Callable[..., T], *args: Any) -> T:
             result = _here(loop, fn, *args)
         finally:
             writing.release()
+            ended = time.perf_counter()
     except _WriterBusy:
         return await run(fn, *args)  # another process writes: the writer thread waits for it
-    _count("loop", fn, asked, started, time.perf_counter())
+    except BaseException:
+        _count("loop", fn, asked, started, ended)  # a call that raised ran, as pools count it
+        raise
+    _count("loop", fn, asked, started, ended)
     await asyncio.sleep(0)  # the loop's other work before the caller's next step
     return result
 

@@ -14,7 +14,7 @@ from django.db import connection, transaction
 from django.db.utils import DatabaseError
 
 from broker import models
-from broker.core import dbthreads, topics
+from broker.core import dbthreads, errors, topics
 from tests.sessions import terminate_own_session
 
 
@@ -163,6 +163,18 @@ async def test_run_here__on_the_loops_thread_when_nothing_writes(writer_and_loop
     # Committed: the writer thread sees it.
     assert await dbthreads.run(lambda: models.Topic.objects.filter(name="here").exists())
     assert dbthreads.call_figures()[("loop", "_create_topic_in_a_transaction")].calls >= 1
+
+
+def _refused() -> None:
+    raise errors.InvalidRequest("refused")
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_run_here__a_call_that_raises_is_counted_as_the_pools_count_theirs(writer_and_loop):
+    before = dbthreads.call_figures().get(("loop", "_refused"), dbthreads.CallFigures()).calls
+    with pytest.raises(errors.InvalidRequest):
+        await dbthreads.run_here(_refused)
+    assert dbthreads.call_figures()[("loop", "_refused")].calls == before + 1
 
 
 @pytest.mark.django_db(transaction=True)
