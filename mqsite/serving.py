@@ -5,6 +5,7 @@ adjusts Daphne from inside the application's import (as broker/consumers.py does
 limits), so `daphne mqsite.asgi:application` gets them however it is started.
 """
 
+import asyncio
 import logging
 import re
 import sys
@@ -16,6 +17,11 @@ from typing import Any
 import orjson
 from django.conf import settings
 from django.http.request import split_domain_port, validate_host
+
+try:
+    from websockets.speedups import apply_mask
+except ImportError:  # pragma: no cover (a platform without its wheel)
+    from websockets.utils import apply_mask
 
 from broker import settings as ferry_settings
 
@@ -114,7 +120,9 @@ def started_by_daphne() -> bool:
 
 
 def hook_daphne() -> None:
-    """Under Daphne: keys out of the access log, timeouts for clients that stall, no form parsing.
+    """Under Daphne: keys out of the access log, timeouts for clients that stall, no form parsing,
+    and less work a WebSocket frame and a database call (_plain_frame_logs,
+    _unmask_with_websockets, _thread_locals_without_exceptions).
 
     - The access log (NCSA lines Daphne writes for each request) has query-string keys redacted.
     - FERRY_HTTP_IDLE_TIMEOUT_SECONDS: a connection silent that long (before or between
@@ -196,6 +204,8 @@ def hook_daphne() -> None:
     server.Server.timeout_checker = check_receiving
     _skip_form_parsing()
     _plain_frame_logs()
+    _unmask_with_websockets()
+    _thread_locals_without_exceptions()
 
 
 def _skip_form_parsing() -> None:
@@ -221,18 +231,88 @@ def _unstyled(value: Any, *args: Any, **kwargs: Any) -> Any:
 
 
 def _plain_frame_logs() -> None:
-    """Under Daphne, do not style a debug line for every WebSocket frame autobahn sends.
+    """Under Daphne, do not style a debug line for every WebSocket frame autobahn sends or reads.
 
-    autobahn's sendData builds the arguments of a debug log line on every write, whether or not
-    debug is logged: its type and peer, styled in colour with click (there because Celery needs
-    it). That is four click.style calls a frame, about 3 µs, a few percent of the event loop
-    when subscribers take 100-message pushes (docs/benchmarks.md). Its log lines keep their
-    words, without the colour.
+    autobahn's sendData and dataReceived build the arguments of a debug log line on every
+    write and read, whether or not debug is logged: its type and peer, styled in colour with
+    click (there because Celery needs it). That is three or four click.style calls each, about
+    3 µs, a few percent of the event loop when subscribers take 100-message pushes or
+    producers publish one message a frame (docs/benchmarks.md). Its log lines keep their words,
+    without the colour.
     """
+    from autobahn.twisted import websocket
     from autobahn.websocket import protocol
 
-    # Module globals, which sendData looks up at each call.
-    vars(protocol).update(hltype=_unstyled, hlval=_unstyled)
+    # Module globals, which sendData and dataReceived look up at each call.
+    for module in (protocol, websocket):
+        vars(module).update(hltype=_unstyled, hlval=_unstyled)
+
+
+class _Unmasker:
+    """A client frame's payload unmasked by the `websockets` library's C function.
+
+    autobahn's own masker (a CFFI object, native by default) is built afresh for every frame a
+    client sends, with three foreign allocations, and copies the payload twice on the way
+    through: 5 % of the event loop when producers publish one message a frame
+    (docs/benchmarks.md). This one keeps autobahn's interface: process() takes the payload in
+    pieces as they arrive, pointer() counts what it took.
+    """
+
+    __slots__ = ("_mask", "_taken")
+
+    def __init__(self, mask: bytes, length: int | None = None) -> None:
+        self._mask = bytes(mask)
+        self._taken = 0
+
+    def pointer(self) -> int:
+        return self._taken
+
+    def reset(self) -> None:
+        self._taken = 0
+
+    def process(self, data: bytes) -> bytes:
+        # A piece that starts within a 4-byte group starts with the mask turned that far.
+        turn = self._taken & 3
+        mask = self._mask[turn:] + self._mask[:turn] if turn else self._mask
+        self._taken += len(data)
+        return apply_mask(data, mask)
+
+
+def _unmask_with_websockets() -> None:
+    """Under Daphne, unmask client frames with _Unmasker."""
+    from autobahn.websocket import protocol
+
+    # The module global processData looks up for each frame.
+    protocol.create_xor_masker = _Unmasker
+
+
+def _storage_of(local: Any) -> Any:
+    """asgiref's _ThreadCriticalLocal._get_storage, asking for the running loop without an
+    exception when there is none."""
+    if asyncio._get_running_loop() is None:
+        return local._storage  # a thread without a running event loop
+    try:
+        return local._storage.cvar
+    except AttributeError:
+        from asgiref.local import _CVar
+
+        local._storage.cvar = _CVar()
+        return local._storage.cvar
+
+
+def _thread_locals_without_exceptions() -> None:
+    """Under Daphne, find a thread's database connection without raising an exception.
+
+    Django keeps its connections in asgiref's thread-critical Local, which asks
+    asyncio.get_running_loop() at every lookup. Off an event loop, where every database call
+    runs (the writer thread, and the loop's own short calls, which hide the loop from Django),
+    that raises and catches a RuntimeError: 1.2 of the 3 µs a lookup costs, and Django looks
+    the connection up dozens of times a transaction (docs/benchmarks.md). The same answer,
+    asked of asyncio._get_running_loop(), which returns None instead.
+    """
+    from asgiref import local
+
+    local._ThreadCriticalLocal._get_storage = _storage_of  # type: ignore[method-assign]
 
 
 def _time_out(channel: Any, part: str, limit_s: float) -> None:
