@@ -1,5 +1,7 @@
 """How Ferry is served: every way gives Daphne FERRY_WS_MAX_FRAME_BYTES (docs/websocket.md#limits),
-keys stay out of the access log, and autobahn styles no log line per frame (mqsite/serving.py)."""
+keys stay out of the access log, autobahn styles no log line per frame and unmasks a client's
+frame with the websockets library's function, and Django's connection lookups raise nothing
+(mqsite/serving.py)."""
 
 import itertools
 import re

@@ -74,9 +74,7 @@ def test_push__a_message_that_fits_no_frame_gets_an_error_and_the_rest_go(settin
     settings.FERRY_WS_MAX_FRAME_BYTES = 4096
     deliveries = _deliveries(3)
     # Headers that JSON-escape to many times their size: \u0001 is six bytes for one.
-    huge = _deliveries(1, orjson.dumps({"h": "\u0001" * 1000}).decode())[0]._replace(
-        receipt=f"{'0' * 16}.1.63"
-    )
+    huge = _deliveries(10, orjson.dumps({"h": "\u0001" * 1000}).decode())[9]
     frames = [orjson.loads(f) for f in _pushed([deliveries[0], huge, *deliveries[1:]])]
     errors = [f for f in frames if f["type"] == "error"]
     assert [e["error"]["code"] for e in errors] == ["push_too_large"]
