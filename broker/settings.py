@@ -121,6 +121,12 @@ class Defaults:
 
 
 _ENV_NAMES = {name: f"FERRY_{name}" for name in Defaults.__dataclass_fields__}
+# get() reads the dict behind os.environ (the one its reads and writes use) by encoded name:
+# os.environ.get of an unset name raises and catches a KeyError inside, about 1.5 µs, and the
+# hot paths ask several settings a message (docs/benchmarks.md). A value is converted once.
+_ENVIRON: dict[Any, Any] = os.environ._data  # type: ignore[attr-defined]
+_ENV_KEYS = {name: os.environ.encodekey(env) for name, env in _ENV_NAMES.items()}
+_converted: dict[tuple[str, Any], Any] = {}
 _TRUE, _FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off", ""}
 _KINDS = {bool: "1, 0, true, false, yes, no, on or off", int: "an integer", float: "a number"}
 
@@ -168,9 +174,17 @@ def get(name: str) -> Any:
         value = getattr(wrapped, full_name, _UNSET)
     if value is not _UNSET:
         return value
-    raw = os.environ.get(full_name)
-    default = getattr(Defaults, name)
-    return default if raw is None else _convert(raw, default)
+    raw = _ENVIRON.get(_ENV_KEYS[name])
+    if raw is None:
+        return getattr(Defaults, name)
+    try:
+        return _converted[name, raw]
+    except KeyError:
+        converted = _convert(os.environ.decodevalue(raw), getattr(Defaults, name))
+        if len(_converted) >= 1024:
+            _converted.clear()
+        _converted[name, raw] = converted
+        return converted
 
 
 # Room in a push frame for everything but a message's value: the frame's envelope, the tag,

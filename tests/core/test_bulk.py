@@ -1,5 +1,5 @@
-"""bulk.run, bulk.select_models and bulk.update_rows behave as Django's cursor and the ORM's
-own reads and saves."""
+"""bulk.run, bulk.run_many, bulk.select_models and bulk.update_rows behave as Django's cursor
+and the ORM's own reads and saves."""
 
 import threading
 
@@ -65,6 +65,35 @@ def test_run__rows_placeholders_errors_and_the_query_log(db, console, topic_fact
             [topic.id, partition.number],
         )
     assert models.Partition.objects.filter(topic_id=topic.id).count() == 2
+
+
+def test_run_many__each_row_errors_and_one_logged_query(db, console, topic_factory):
+    """One statement once per row, as Django's executemany runs it: "%s" and "%%", Django's
+    exceptions (a failed row leaves the transaction to roll back whole), one logged query."""
+    topic = topic_factory(partitions=3)
+    ids = list(
+        models.Partition.objects.filter(topic_id=topic.id)
+        .order_by("number")
+        .values_list("id", flat=True)
+    )
+    with CaptureQueriesContext(connection) as seen, transaction.atomic():
+        bulk.run_many(
+            "UPDATE broker_partition SET bytes_stored = %s WHERE id = %s AND 'a%%' = 'a%%'",
+            [(7, ids[0]), (9, ids[2])],
+        )
+    stored = dict(
+        models.Partition.objects.filter(topic_id=topic.id).values_list("id", "bytes_stored")
+    )
+    assert stored == {ids[0]: 7, ids[1]: 0, ids[2]: 9}
+    updates = [q for q in seen.captured_queries if "UPDATE" in q["sql"]]
+    assert len(updates) == (1 if connection.vendor == "sqlite" else 2)
+    with pytest.raises(IntegrityError), transaction.atomic():
+        bulk.run_many(
+            "UPDATE broker_partition SET number = %s WHERE id = %s",
+            [(5, ids[0]), (1, ids[2])],  # the second takes a number partition 1 has
+        )
+    numbers = models.Partition.objects.filter(topic_id=topic.id).order_by("id")
+    assert list(numbers.values_list("number", flat=True)) == [0, 1, 2]
 
 
 def test_run__rows_only_of_statements_that_return_them(db, console, topic_factory):

@@ -17,6 +17,24 @@ def test_get__django_setting_then_environment_then_default(settings, monkeypatch
     assert ferry_settings.get("WS_PUSH_BATCH") == 7
 
 
+def test_get__sees_each_change_of_the_environment(monkeypatch):
+    """get() reads os.environ's own dict and keeps a value converted: a variable set, changed,
+    set back, cleared and removed is seen at once, each in its setting's kind."""
+    monkeypatch.delenv("FERRY_AUTO_CREATE_TOPICS", raising=False)
+    seen = []
+    for raw in ("yes", "off", "yes", "", None, "1"):
+        if raw is None:
+            monkeypatch.delenv("FERRY_AUTO_CREATE_TOPICS")
+        else:
+            monkeypatch.setenv("FERRY_AUTO_CREATE_TOPICS", raw)
+        seen.append(ferry_settings.get("AUTO_CREATE_TOPICS"))
+    assert seen == [True, False, True, False, ferry_settings.Defaults.AUTO_CREATE_TOPICS, True]
+    monkeypatch.setenv("FERRY_GROUP_COMMIT_WAIT_MS", "2.5")
+    assert ferry_settings.get("GROUP_COMMIT_WAIT_MS") == 2.5
+    monkeypatch.setenv("FERRY_METRICS_AUTH", "open")
+    assert ferry_settings.get("METRICS_AUTH") == "open"
+
+
 @pytest.mark.parametrize(
     ("name", "raw"),
     [

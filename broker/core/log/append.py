@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 import orjson
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError, transaction
 from django.db.models import Sum
 
 from broker import models
@@ -342,8 +342,7 @@ def _store(
         # trip less.
         bulk.defer(_update_partitions(len(rows_out)), [v for row in rows_out for v in row])
     else:
-        with connection.cursor() as cursor:
-            cursor.executemany(UPDATE_PARTITION, rows_out)
+        bulk.run_many(UPDATE_PARTITION, rows_out)
     events.messages_appended(topic.id, {p.number: p.next_offset for p in partitions.values()})
     return placed
 
