@@ -2,6 +2,7 @@
 and the ORM's own reads and saves."""
 
 import threading
+from collections.abc import Sequence
 
 import pytest
 from django.db import IntegrityError, connection, transaction
@@ -9,6 +10,7 @@ from django.test.utils import CaptureQueriesContext
 
 from broker import models
 from broker.core import bulk, groups
+from broker.core.log.append import MESSAGE_COLUMNS
 
 
 def test_select_models__matches_the_orm(db, console):
@@ -94,6 +96,58 @@ def test_run_many__each_row_errors_and_one_logged_query(db, console, topic_facto
         )
     numbers = models.Partition.objects.filter(topic_id=topic.id).order_by("id")
     assert list(numbers.values_list("number", flat=True)) == [0, 1, 2]
+
+
+def test_insert_rows__an_insert_or_a_copy_stores_the_same_rows(db, console, topic_factory):
+    """Below PG_COPY_MIN_ROWS a deferred multi-row INSERT, from it on a COPY (PostgreSQL; SQLite
+    always INSERTs): the same rows either way, bytes, NULLs and JSON text included, seen by the
+    transaction's next read; a row that breaks a constraint fails the transaction whole."""
+    topic = topic_factory(partitions=1)
+    pid = models.Partition.objects.get(topic_id=topic.id).id
+    offset = 0
+    for count in (1, bulk.PG_COPY_MIN_ROWS - 1, bulk.PG_COPY_MIN_ROWS):
+        rows = [
+            (
+                pid,
+                offset + i,
+                1_000 + i,
+                f"k{i}" if i % 2 else None,
+                None,
+                '{"h": "v"}',
+                bytes([i % 256, 0, 255]),
+                False,
+                3,
+                None,
+            )
+            for i in range(count)
+        ]
+        with transaction.atomic():
+            bulk.insert_rows("broker_message", MESSAGE_COLUMNS, rows)
+            (seen,) = bulk.run(
+                'SELECT count(*) FROM broker_message WHERE partition_id = %s AND "offset" >= %s',
+                [pid, offset],
+            )
+            assert seen == (count,)
+        stored = models.Message.objects.filter(partition_id=pid, offset__gte=offset)
+        assert [
+            (m.offset, m.timestamp_ms, m.key, m.tag, m.headers, bytes(m.value), m.size_bytes)
+            for m in stored.order_by("offset")
+        ] == [(r[1], r[2], r[3], None, {"h": "v"}, r[6], 3) for r in rows], count
+        offset += count
+    for count in (2, bulk.PG_COPY_MIN_ROWS):
+        # Each batch repeats an offset already stored: the unique (partition, offset) refuses it.
+        rows = [
+            (pid, offset + i - 1, 1, None, None, "{}", b"x", False, 1, None) for i in range(count)
+        ]
+        with pytest.raises(IntegrityError):
+            _insert_then_read(rows)
+        assert models.Message.objects.filter(partition_id=pid).count() == offset
+
+
+def _insert_then_read(rows: Sequence[tuple[object, ...]]) -> None:
+    with transaction.atomic():
+        bulk.insert_rows("broker_message", MESSAGE_COLUMNS, rows)
+        bulk.run("SELECT 1")  # a deferred INSERT's error comes with the next statement
 
 
 def test_run__rows_only_of_statements_that_return_them(db, console, topic_factory):
