@@ -352,7 +352,11 @@ def insert_rows(table: str, columns: Sequence[str], rows: Sequence[tuple[object,
         return
     if vendor() == "postgresql":
         if len(rows) < PG_COPY_MIN_ROWS:
-            defer(_pg_insert(table, tuple(columns), len(rows)), [v for r in rows for v in r])
+            defer(
+                _pg_insert(table, tuple(columns), len(rows)),
+                [v for r in rows for v in r],
+                table=table,
+            )
             return
         copy_sql = f"COPY {table} ({_quoted(columns)}) FROM STDIN"
         db = connections[DEFAULT_DB_ALIAS]
@@ -468,17 +472,24 @@ def select_models(model: type[M], where: str, params: Sequence[Any]) -> list[M]:
     For queries every poll, push and settlement runs: model.objects.raw() costs more than the
     database does for a one-row lookup.
     """
-    select, names, converters, _ = _select_plan(model, vendor())
-    rows = run(select + where, params)
+    return [model_from_row(model, row) for row in run(select_sql(model) + where, params)]
+
+
+def select_sql(model: type[Model]) -> str:
+    """`SELECT <the model's columns> FROM <its table> `: what select_models runs before its
+    where, for callers that keep the rows themselves (model_from_row makes their instances)."""
+    return _select_plan(model, vendor())[0]
+
+
+def model_from_row(model: type[M], row: Sequence[Any]) -> M:
+    """The model's instance for a row of select_sql(model), as the ORM would make it."""
+    _, names, converters, _ = _select_plan(model, vendor())
     db = connections[DEFAULT_DB_ALIAS]
-    found = []
-    for row in rows:
-        values = list(row)
-        for i, column_converters in enumerate(converters):
-            for convert, col in column_converters:
-                values[i] = convert(values[i], col, db)
-        found.append(model.from_db(DEFAULT_DB_ALIAS, names, values))
-    return found
+    values = list(row)
+    for i, column_converters in enumerate(converters):
+        for convert, col in column_converters:
+            values[i] = convert(values[i], col, db)
+    return model.from_db(DEFAULT_DB_ALIAS, names, values)
 
 
 def joined_sql(parts: Sequence[tuple[type[Model], str]], tail: str) -> str:

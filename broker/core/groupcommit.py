@@ -39,9 +39,18 @@ PG_WAIT_MS = 5.0
 Outcome = list[AppendResult] | errors.BrokerError | None
 
 
-def append_batches(
-    requests: list[tuple[Principal, str, list[NewMessage]]],
-) -> list[Outcome]:
+# On PostgreSQL, each topic's row as this process's last group commit read it, by name: the
+# next commit plans with it and reads the row again in its partitions' lock's round trip,
+# instead of in a round trip of its own before the transaction (docs/architecture.md#group-commit).
+_last_rows: dict[str, tuple[Any, ...]] = {}
+_LAST_ROWS_MAX = 1024
+
+
+class _TopicChanged(Exception):
+    """A topic's row is not the one the commit planned with: it rolls back and runs again."""
+
+
+def append_batches(requests: list[tuple[Principal, str, list[NewMessage]]]) -> list[Outcome]:
     """Append several produce requests in one transaction.
 
     The requests to one topic are appended together, as one batch, when that succeeds; when it
@@ -49,15 +58,32 @@ def append_batches(
     own. Each outcome is the request's results or its BrokerError; None means it met a
     concurrent producer's client id (PostgreSQL) and must be retried on its own with
     log.append_messages.
+
+    On PostgreSQL it plans with the topics' rows of the last commit and checks them inside the
+    transaction. Should one have changed, or anything fail, all runs again from fresh rows.
     """
+    return _append_batches(requests, guess=True)
+
+
+def _append_batches(
+    requests: list[tuple[Principal, str, list[NewMessage]]], *, guess: bool
+) -> list[Outcome]:
     outcomes: list[Outcome] = [None] * len(requests)
     by_topic: dict[int, tuple[models.Topic, list[tuple[int, list[Any]]]]] = {}
-    known = {}
+    known, guessed = {}, {}
+    topic_sql = bulk.select_sql(models.Topic) + positions.WHERE_TOPIC
+    guess = guess and bulk.vendor() == "postgresql"
     for name in {r[1] for r in requests}:
-        # Raw SQL: the ORM would compile the query for every group commit.
-        topic = next(iter(bulk.select_models(models.Topic, positions.WHERE_TOPIC, [name])), None)
-        if topic is not None:
-            known[name] = topic
+        row = _last_rows.get(name) if guess else None
+        if row is not None:
+            guessed[name] = row
+        else:
+            # Raw SQL: the ORM would compile the query for every group commit.
+            row = next(iter(bulk.run(topic_sql, [name])), None)
+            if row is None:
+                continue
+            _remember(name, row)
+        known[name] = bulk.model_from_row(models.Topic, row)
     for i, (principal, topic_name, messages) in enumerate(requests):
         try:
             topic, plan = log.checked_batch(principal, topic_name, messages, known)
@@ -65,6 +91,8 @@ def append_batches(
             outcomes[i] = exc
             continue
         by_topic.setdefault(topic.id, (topic, []))[1].append((i, plan))
+    if guessed and any(isinstance(o, errors.BrokerError) for o in outcomes):
+        return _unguessed(requests, guessed)  # refused by a row that may be stale
     if not by_topic:
         return outcomes
     # First all together, without savepoints: a savepoint and its release are two more round
@@ -74,20 +102,41 @@ def append_batches(
     try:
         with transaction.atomic(durable=True):
             for topic, planned in by_topic.values():
+                row = guessed.get(topic.name)
+                if row is not None:
+                    bulk.read_ahead(topic_sql, [topic.name])  # with the partitions' lock
                 results = log.append_planned_in_transaction(
                     topic, [p for _, plan in planned for p in plan]
                 )
+                if row is not None and bulk.run(topic_sql, [topic.name]) != [row]:
+                    raise _TopicChanged
                 start = 0
                 for i, plan in planned:
                     outcomes[i] = results[start : start + len(plan)]
                     start += len(plan)
         return outcomes
-    except (errors.BrokerError, IntegrityError):
-        pass  # one of them is at fault: find out which, one by one
+    except (errors.BrokerError, IntegrityError, _TopicChanged):
+        if guessed:
+            return _unguessed(requests, guessed)  # rolled back: as if not guessed
+    # One of them is at fault: find out which, one by one.
     with transaction.atomic(durable=True):
         for topic, planned in by_topic.values():
             _append_each(topic, planned, outcomes)
     return outcomes
+
+
+def _remember(name: str, row: tuple[Any, ...]) -> None:
+    if len(_last_rows) >= _LAST_ROWS_MAX:
+        _last_rows.clear()
+    _last_rows[name] = row
+
+
+def _unguessed(
+    requests: list[tuple[Principal, str, list[NewMessage]]], guessed: dict[str, Any]
+) -> list[Outcome]:
+    for name in guessed:
+        _last_rows.pop(name, None)
+    return _append_batches(requests, guess=False)
 
 
 def _append_each(

@@ -9,7 +9,8 @@ from asgiref.sync import sync_to_async
 from django.db import connection
 
 from broker import models
-from broker.core import errors, groupcommit, keys
+from broker.core import errors, groupcommit, keys, topics
+from broker.core.membership import rebalancing
 from broker.core.records import NewMessage
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -113,6 +114,61 @@ def test_append_batches__no_savepoint_when_all_succeed(topic_factory):
         )
     assert [offsets(o) for o in outcomes] == [[0], [0], [1, 2]]
     assert not [q for q in queries.captured_queries if "SAVEPOINT" in q["sql"].upper()]
+
+
+def test_append_batches__a_topic_changed_since_the_last_commit_is_read_again(topic_factory):
+    """On PostgreSQL a commit plans with its topic's row as the last commit read it, and reads
+    it again with the partitions' lock: a change in between (a limit raised or lowered, more
+    partitions, the topic deleted and made again) is seen as if the row had been read first."""
+    name = topic_factory(partitions=2, max_message_bytes=1000).name
+
+    def append(*messages):
+        (outcome,) = groupcommit.append_batches([(keys.CONSOLE, name, list(messages))])
+        return outcome
+
+    assert offsets(append(message(1))) == [0]
+    big = message("x" * 1500)
+    assert isinstance(append(big), errors.MessageTooLarge)
+    rebalancing.alter_topic(keys.CONSOLE, name, max_message_bytes=4000, partitions=4)
+    assert append(big, message(2, partition=3))[1].partition == 3
+    rebalancing.alter_topic(keys.CONSOLE, name, max_message_bytes=1000)
+    assert isinstance(append(big), errors.MessageTooLarge)
+    topics.delete_topic(keys.CONSOLE, name)
+    assert isinstance(append(message(3)), errors.TopicNotFound)
+    topics.create_topic(keys.CONSOLE, name, 1)
+    assert [(r.partition, r.offset) for r in append(message(4))] == [(0, 0)]
+    stored = models.Message.objects.filter(partition__topic__name=name)
+    assert [orjson.loads(bytes(m.value)) for m in stored] == [4]
+
+
+def test_append_batches__the_topic_read_with_the_partitions_lock(topic_factory, monkeypatch):
+    """On PostgreSQL a commit after the first to a topic is two round trips: the partitions'
+    lock with the topic's row, then the rows, the partitions' update and the COMMIT."""
+    if connection.vendor != "postgresql":
+        pytest.skip("round trips are PostgreSQL's")
+    from broker.core import pgwire
+
+    name = topic_factory(partitions=1).name
+    trips: list[list[str]] = []
+    real = pgwire.execute
+
+    def seen(db, statements, commit=False):
+        trips.append([sql.split()[0] for sql, _ in statements] + (["COMMIT"] if commit else []))
+        return real(db, statements, commit)
+
+    monkeypatch.setattr(pgwire, "execute", seen)
+    for value in range(3):
+        trips.clear()
+        (outcome,) = groupcommit.append_batches([(keys.CONSOLE, name, [message(value)])])
+        assert offsets(outcome) == [value]
+        if value:  # the first reads the topic on its own
+            assert trips == [["SELECT", "SELECT"], ["INSERT", "UPDATE", "COMMIT"]]
+    rebalancing.alter_topic(keys.CONSOLE, name, max_message_bytes=4000)
+    trips.clear()
+    (outcome,) = groupcommit.append_batches([(keys.CONSOLE, name, [message(9)])])
+    assert offsets(outcome) == [3]
+    # The guess (the lock and the changed row; then a rollback), then as without one.
+    assert trips == [["SELECT", "SELECT"], ["SELECT"], ["SELECT"], ["INSERT", "UPDATE", "COMMIT"]]
 
 
 class Commits(list):

@@ -340,7 +340,11 @@ def _store(
     if bulk.vendor() == "postgresql":
         # One statement, with the COMMIT (bulk.defer): the partition locks are held a round
         # trip less.
-        bulk.defer(_update_partitions(len(rows_out)), [v for row in rows_out for v in row])
+        bulk.defer(
+            _update_partitions(len(rows_out)),
+            [v for row in rows_out for v in row],
+            table="broker_partition",
+        )
     else:
         bulk.run_many(UPDATE_PARTITION, rows_out)
     events.messages_appended(topic.id, {p.number: p.next_offset for p in partitions.values()})
