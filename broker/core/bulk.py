@@ -108,14 +108,10 @@ def run_many(sql: str, rows: Sequence[Sequence[Any]]) -> None:
         return
     if db.connection is None:
         db.ensure_connection()
-    logged = db.queries_logged
-    started = time.monotonic() if logged else 0.0
+    started = time.monotonic() if db.queries_logged else 0.0
     with db.wrap_database_errors:
         db.connection.executemany(_qmark(sql), rows)
-    if logged:
-        db.queries_log.append(
-            {"sql": f"{len(rows)} times: {sql}", "time": f"{time.monotonic() - started:.3f}"}
-        )
+    _log(db, [(f"{len(rows)} times: {sql}", ())], started)
 
 
 def defer(sql: str, params: Sequence[Any] = (), *, table: str | None = None) -> None:
@@ -371,9 +367,9 @@ def insert_rows(table: str, columns: Sequence[str], rows: Sequence[tuple[object,
     # Straight to sqlite3: Django's cursor would rewrite the placeholders of this long statement
     # with a regex on every call.
     db = connections[DEFAULT_DB_ALIAS]
-    for start in range(0, len(rows), per_insert):
-        chunk = rows[start : start + per_insert]
-        with db.wrap_database_errors:  # Django's exceptions, as run() raises them
+    with db.wrap_database_errors:  # Django's exceptions, as run() raises them
+        for start in range(0, len(rows), per_insert):
+            chunk = rows[start : start + per_insert]
             db.connection.execute(
                 _sqlite_insert(table, tuple(columns), len(chunk)), [v for r in chunk for v in r]
             )
@@ -472,7 +468,9 @@ def select_models(model: type[M], where: str, params: Sequence[Any]) -> list[M]:
     For queries every poll, push and settlement runs: model.objects.raw() costs more than the
     database does for a one-row lookup.
     """
-    return [model_from_row(model, row) for row in run(select_sql(model) + where, params)]
+    select, names, converters, _ = _select_plan(model, vendor())
+    db = connections[DEFAULT_DB_ALIAS]
+    return [_instance(model, names, converters, db, row) for row in run(select + where, params)]
 
 
 def select_sql(model: type[Model]) -> str:
@@ -484,7 +482,18 @@ def select_sql(model: type[Model]) -> str:
 def model_from_row(model: type[M], row: Sequence[Any]) -> M:
     """The model's instance for a row of select_sql(model), as the ORM would make it."""
     _, names, converters, _ = _select_plan(model, vendor())
-    db = connections[DEFAULT_DB_ALIAS]
+    return _instance(model, names, converters, connections[DEFAULT_DB_ALIAS], row)
+
+
+def _instance(
+    model: type[M],
+    names: tuple[str, ...],
+    converters: tuple[tuple[Converter, ...], ...],
+    db: Any,
+    row: Sequence[Any],
+) -> M:
+    """The model's instance for its columns' values in row (a _select_plan's names and
+    converters), as the ORM would make it."""
     values = list(row)
     for i, column_converters in enumerate(converters):
         for convert, col in column_converters:
@@ -520,14 +529,11 @@ def select_joined(
     db = connections[DEFAULT_DB_ALIAS]
     found = []
     for row in rows:
-        values, start, instances = list(row), 0, []
+        start, instances = 0, []
         for (_, names, converters, _), model, _ in plans:
-            part = values[start : start + len(names)]
+            part = row[start : start + len(names)]
             start += len(names)
-            for i, column_converters in enumerate(converters):
-                for convert, col in column_converters:
-                    part[i] = convert(part[i], col, db)
-            instances.append(model.from_db(DEFAULT_DB_ALIAS, names, part))
+            instances.append(_instance(model, names, converters, db, part))
         found.append(tuple(instances))
     return found
 
