@@ -189,10 +189,10 @@ def locked_offsets_and_due(
     return _locked(keys_, now_ms)
 
 
-def lock_ahead(keys_: Iterable[OffsetKey], now_ms: int) -> None:
-    """Announce locked_offsets_and_due(keys_, now_ms) as the transaction's next read
-    (bulk.read_ahead): on PostgreSQL the rows are locked, and come back, with the statement
-    that runs next."""
+def lock_ahead(keys_: Iterable[OffsetKey], now_ms: int | None) -> None:
+    """Announce locked_offsets_and_due(keys_, now_ms), or locked_offsets(keys_) when now_ms is
+    None, as the transaction's next read (bulk.read_ahead): on PostgreSQL the rows are locked,
+    and come back, with the statement that runs next."""
     wanted = sorted(set(keys_))
     if wanted:
         bulk.read_ahead(*_lock_statement(wanted, now_ms))

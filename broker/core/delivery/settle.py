@@ -172,6 +172,41 @@ class LocksOutOfOrder(Exception):
     push.ack_and_deliver then settles and delivers in two transactions)."""
 
 
+# By group name, on PostgreSQL: the id of the clustering group this process's last settlement
+# of it found. The next one locks that group's offset rows and reads the runs its receipts name
+# in the round trip that reads the group, instead of one of their own after it. Its rows are
+# the group's own (subscriber ""), in the partitions the receipts name: the rows it would lock
+# anyway. A stale entry (the group deleted, or made again under a new id) locks and reads
+# nothing: ids come from a sequence, so no other group has that id. The rows are then locked
+# after the group's read, as without the entry.
+_clustering_ids: dict[str, int] = {}
+
+# Groups come and go: past this many entries, the memo starts afresh.
+_IDS_KEPT = 10_000
+
+
+def _lock_ahead(group_id: int, receipts: list[str]) -> None:
+    """Announce the lock of a clustering group's offset rows in the partitions the receipts
+    name, then the runs they name (bulk.read_ahead): both go after the transaction's next
+    statement, in its round trip."""
+    inflight.lock_ahead(_clustering_keys(group_id, receipts), None)
+    read_named_ahead(group_id, receipts)
+
+
+def _note_group(name: str, clustering_id: int | None) -> None:
+    """Remember the group's id for the next settlement's guess (None: it is not clustering)."""
+    if clustering_id is None:
+        _clustering_ids.pop(name, None)
+        return
+    if len(_clustering_ids) >= _IDS_KEPT:
+        _clustering_ids.clear()
+    _clustering_ids[name] = clustering_id
+
+
+def _clustering_keys(group_id: int, receipts: list[str]) -> list[inflight.OffsetKey]:
+    return [(group_id, partition_id, "") for partition_id in _receipt_partitions(receipts)]
+
+
 class _Settling:
     """The in-flight runs a settle call names, locked."""
 
@@ -188,20 +223,28 @@ class _Settling:
         False, runs that need others raise LocksOutOfOrder before any is taken."""
         membership.validate_group_name(group_name)
         self.receipts = _validate_receipts(receipts)
+        postgresql = bulk.vendor() == "postgresql"
+        announced = None  # the group id whose offset rows' lock was announced
         if group is None:
+            guessed = _clustering_ids.get(group_name) if postgresql and locked is None else None
+            if guessed is not None:
+                _lock_ahead(guessed, self.receipts)
+                announced = guessed
             group = membership.find_group(group_name)
         if group is None:
             raise errors.GroupNotFound(group=group_name)
         self.group: models.ConsumerGroup = group
-        postgresql = bulk.vendor() == "postgresql"
-        if locked is None and postgresql and group.mode == models.ConsumerGroup.Mode.CLUSTERING:
+        clustering = group.mode == models.ConsumerGroup.Mode.CLUSTERING
+        if postgresql and _clustering_ids.get(group_name) != (group.id if clustering else None):
+            _note_group(group_name, group.id if clustering else None)
+        if locked is None and postgresql and clustering:
             # A clustering group's runs are the group's own (subscriber ""), in the partitions
             # the receipts name: lock those offset rows first and read the runs once, under them
-            # (a round trip fewer than read, lock, read again), in the lock's round trip.
-            read_named_ahead(group.id, self.receipts)
-            locked = inflight.locked_offsets(
-                (group.id, partition_id, "") for partition_id in _receipt_partitions(self.receipts)
-            )
+            # (a round trip fewer than read, lock, read again), in the lock's round trip; or in
+            # the group's, when they were announced with its read (a right guess, above).
+            if announced != group.id:
+                read_named_ahead(group.id, self.receipts)
+            locked = inflight.locked_offsets(_clustering_keys(group.id, self.receipts))
         found = self._visible(principal, _named(group.id, self.receipts))
         needed = {(r.group_id, r.partition_id, r.subscriber) for r in found}
         held = locked if locked is not None else {}
