@@ -93,6 +93,25 @@ def run(sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
     return rows
 
 
+def run_together(statements: Sequence[tuple[str, Sequence[Any]]]) -> list[list[tuple[Any, ...]]]:
+    """run() of each statement, in order: each statement's rows. On PostgreSQL in one round
+    trip (a pipeline), after the writes defer() holds and before the reads read_ahead()
+    announced, as run() sends one; so for reads whose parameters do not come from one another's
+    rows. In autocommit they then run in one implicit transaction, each statement still seeing
+    what was committed when it started."""
+    db: Any = connections[DEFAULT_DB_ALIAS]
+    if db.vendor == "sqlite" or not statements:
+        return [run(sql, params) for sql, params in statements]
+    if db.connection is None:
+        db.ensure_connection()
+    _drop_reads_of(db, None)  # statements of their own run between: what was read ahead is old
+    pending, ahead = _take(db, "ferry_deferred"), _take(db, "ferry_ahead")
+    results = _pipeline(db, [*pending, *statements, *ahead])
+    if ahead:
+        db.ferry_read = (db.connection, list(zip(ahead, results[-len(ahead) :], strict=True)))
+    return results[len(pending) : len(pending) + len(statements)]
+
+
 def run_many(sql: str, rows: Sequence[Sequence[Any]]) -> None:
     """Run one write statement once for each row of parameters, as run() runs one.
 

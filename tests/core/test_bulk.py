@@ -364,3 +364,35 @@ def test_read_ahead__sees_what_committed_while_the_statement_before_it_waited(co
     finally:
         release.set()
         thread.join(10)
+
+
+def test_run_together__each_statements_rows_in_order_in_one_round_trip(db, console, monkeypatch):
+    """run_together: each statement's rows, in order, the deferred writes before them and the
+    reads announced after them; on PostgreSQL all in one pipeline."""
+    groups.configure_group(console, "g-together")
+    pipelines = []
+    real = bulk._pipeline
+
+    def counted(db, statements, then=None):
+        pipelines.append([sql for sql, _ in statements])
+        return real(db, statements, then)
+
+    monkeypatch.setattr(bulk, "_pipeline", counted)
+    postgresql = connection.vendor == "postgresql"
+    assert bulk.run_together([]) == []
+    assert bulk.run_together([("SELECT 1", ()), (READ_TIMEOUT, ["g-together"])]) == [
+        [(1,)],
+        [(45_000,)],
+    ]
+    assert pipelines == ([["SELECT 1", READ_TIMEOUT]] if postgresql else [])
+    pipelines.clear()
+    with transaction.atomic():
+        bulk.defer(SET_TIMEOUT, [4001, "g-together"])
+        bulk.read_ahead(READ_TIMEOUT, ["g-together"])
+        found = bulk.run_together([(READ_TIMEOUT, ["g-together"]), ("SELECT 2", ())])
+        assert found == [[(4001,)], [(2,)]]
+        if postgresql:
+            assert pipelines == [[SET_TIMEOUT, READ_TIMEOUT, "SELECT 2", READ_TIMEOUT]]
+            # The read announced went after them, and answers once.
+            assert _read_once("g-together") == ([(4001,)], 0)
+        assert _read_once("g-together") == ([(4001,)], 1)

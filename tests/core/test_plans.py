@@ -31,17 +31,32 @@ def plan(partition_id: int) -> str:
         return "\n".join(row[0] for row in cursor.fetchall())
 
 
-@pytest.mark.skipif("connection.vendor != 'postgresql'")
-def test_read_of_a_partition_newer_than_the_statistics_uses_the_offset_index():
+def newer_than_the_statistics() -> int:
+    """The id of partition 0 of topic plan.new, filled after the table's last ANALYZE."""
     for name in ("plan.a", "plan.b", "plan.c"):
         topics.create_topic(keys.CONSOLE, name, 1)
         fill(name, 3000)
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE broker_message")
     topics.create_topic(keys.CONSOLE, "plan.new", 1)
-    new = fill("plan.new", 5000)
-    found = plan(new)
+    return fill("plan.new", 5000)
+
+
+@pytest.mark.skipif("connection.vendor != 'postgresql'")
+def test_read_of_a_partition_newer_than_the_statistics_uses_the_offset_index():
+    found = plan(newer_than_the_statistics())
     assert "message_partition_offset_uniq" in found, found
+
+
+@pytest.mark.skipif("connection.vendor != 'postgresql'")
+def test_fetch_by_name_of_a_partition_newer_than_the_statistics_uses_the_offset_index():
+    """The fetch's read with its partition found by name (read.SELECT_MESSAGES_BY_NAME)."""
+    newer_than_the_statistics()
+    with connection.cursor() as cursor:
+        cursor.execute("EXPLAIN " + read.SELECT_MESSAGES_BY_NAME, ("plan.new", 0, 100, 200))
+        found = "\n".join(row[0] for row in cursor.fetchall())
+    assert "message_partition_offset_uniq" in found, found
+    assert "message_partition_ts_idx" not in found, found
 
 
 @pytest.mark.skipif("connection.vendor != 'postgresql'")

@@ -1,8 +1,6 @@
 """Reading the log: fetch a partition's messages (long-polling too), look offsets up by time."""
 
-from typing import NamedTuple
-
-from django.db import connection
+from typing import Any, NamedTuple
 
 from broker import models
 from broker import settings as ferry_settings
@@ -23,6 +21,15 @@ SELECT_MESSAGES = (
 )
 
 
+# SELECT_MESSAGES with the partition found by its topic's name and its number: a fetch from a
+# given offset reads its messages in the round trip that reads the partition's row.
+SELECT_MESSAGES_BY_NAME = SELECT_MESSAGES.replace(
+    "partition_id = %s",
+    "partition_id = (SELECT p.id FROM broker_partition p JOIN broker_topic t "
+    "ON t.id = p.topic_id WHERE t.name = %s AND p.number = %s)",
+)
+
+
 class _PartitionRow(NamedTuple):
     id: int
     topic_id: int
@@ -30,27 +37,26 @@ class _PartitionRow(NamedTuple):
     next_offset: int
 
 
-def _partition(principal: Principal, topic_name: str, number: int) -> _PartitionRow:
-    topics.validate_name(topic_name)
-    keys.require(principal, topic_name, "consume")
-    with connection.cursor() as cursor:
-        cursor.execute(SELECT_PARTITION, (topic_name, number))
-        found = cursor.fetchone()
-    if found is not None:
-        return _PartitionRow(*found)
+def _partition_row(rows: list[tuple[Any, ...]], topic_name: str, number: int) -> _PartitionRow:
+    """The partition's row found by SELECT_PARTITION, or the error for its absence."""
+    if rows:
+        return _PartitionRow(*rows[0])
     if not models.Topic.objects.filter(name=topic_name).exists():
         raise errors.TopicNotFound(name=topic_name)
     raise errors.PartitionNotFound(topic=topic_name, partition=number)
 
 
-def read_partition(partition_id: int, number: int, offset: int, limit: int) -> list[StoredMessage]:
-    """Stored messages of one partition from offset on, at most limit (no permission check)."""
-    # Offsets are contiguous, so the range alone bounds the rows to limit.
-    rows = bulk.run(SELECT_MESSAGES, (partition_id, offset, offset + limit))
+def _stored(number: int, rows: list[tuple[Any, ...]]) -> list[StoredMessage]:
     return [
         StoredMessage(number, o, ts, key, tag, headers, bytes(value), bool(is_json), client_id)
         for o, ts, key, tag, headers, value, is_json, client_id in rows
     ]
+
+
+def read_partition(partition_id: int, number: int, offset: int, limit: int) -> list[StoredMessage]:
+    """Stored messages of one partition from offset on, at most limit (no permission check)."""
+    # Offsets are contiguous, so the range alone bounds the rows to limit.
+    return _stored(number, bulk.run(SELECT_MESSAGES, (partition_id, offset, offset + limit)))
 
 
 def read_partition_ahead(partition_id: int, offset: int, limit: int) -> None:
@@ -66,7 +72,16 @@ def read_messages(
     max_limit = ferry_settings.get("MAX_FETCH_MESSAGES")
     if not 1 <= limit <= max_limit:
         raise errors.InvalidRequest(f"limit must be between 1 and {max_limit}.", limit=limit)
-    p = _partition(principal, topic_name, partition)
+    topics.validate_name(topic_name)
+    keys.require(principal, topic_name, "consume")
+    statements: list[tuple[str, tuple[Any, ...]]] = [(SELECT_PARTITION, (topic_name, partition))]
+    if offset is not None:
+        # Read with the partition's row (one round trip on PostgreSQL); not used when the
+        # offset turns out to be outside the partition's range.
+        by_name = (topic_name, partition, offset, offset + limit)
+        statements.append((SELECT_MESSAGES_BY_NAME, by_name))
+    found = bulk.run_together(statements)
+    p = _partition_row(found[0], topic_name, partition)
     start = p.start_offset if offset is None else offset
     if not p.start_offset <= start <= p.next_offset:
         raise errors.OffsetOutOfRange(
@@ -76,7 +91,10 @@ def read_messages(
             start_offset=p.start_offset,
             end_offset=p.next_offset,
         )
-    messages = read_partition(p.id, partition, start, limit)
+    if offset is None:
+        messages = read_partition(p.id, partition, start, limit)
+    else:
+        messages = _stored(partition, found[1])
     next_offset = messages[-1].offset + 1 if messages else start
     return FetchResult(
         topic_id=p.topic_id,
