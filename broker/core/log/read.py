@@ -30,6 +30,11 @@ SELECT_MESSAGES_BY_NAME = SELECT_MESSAGES.replace(
 )
 
 
+# The largest offset a statement's parameter can carry (a bigint): a fetch past the end asks
+# for offsets up to it, before the range check refuses it.
+INT64_MAX = 2**63 - 1
+
+
 class _PartitionRow(NamedTuple):
     id: int
     topic_id: int
@@ -78,7 +83,7 @@ def read_messages(
     if offset is not None:
         # Read with the partition's row (one round trip on PostgreSQL); not used when the
         # offset turns out to be outside the partition's range.
-        by_name = (topic_name, partition, offset, offset + limit)
+        by_name = (topic_name, partition, offset, min(offset + limit, INT64_MAX))
         statements.append((SELECT_MESSAGES_BY_NAME, by_name))
     found = bulk.run_together(statements)
     p = _partition_row(found[0], topic_name, partition)
