@@ -23,7 +23,7 @@ from django.db import IntegrityError, transaction
 
 from broker import models
 from broker import settings as ferry_settings
-from broker.core import bulk, dbthreads, errors, log
+from broker.core import bulk, dbthreads, errors, log, memo
 from broker.core.groups import positions
 from broker.core.records import AppendResult, NewMessage, Principal
 
@@ -82,7 +82,7 @@ def _append_batches(
             row = next(iter(bulk.run(topic_sql, [name])), None)
             if row is None:
                 continue
-            _remember(name, row)
+            memo.remember(_last_rows, name, row, _LAST_ROWS_MAX)
         known[name] = bulk.model_from_row(models.Topic, row)
     for i, (principal, topic_name, messages) in enumerate(requests):
         try:
@@ -123,12 +123,6 @@ def _append_batches(
         for topic, planned in by_topic.values():
             _append_each(topic, planned, outcomes)
     return outcomes
-
-
-def _remember(name: str, row: tuple[Any, ...]) -> None:
-    if len(_last_rows) >= _LAST_ROWS_MAX:
-        _last_rows.clear()
-    _last_rows[name] = row
 
 
 def _unguessed(

@@ -22,6 +22,7 @@ from broker.core import (
     inflight,
     log,
     membership,
+    memo,
     retries,
     trace,
 )
@@ -44,15 +45,6 @@ _turns: dict[tuple[inflight.OffsetKey, ...], int] = {}
 # delivery starts elsewhere (another process delivered, a seek, retention, a retry taken
 # first), it reads for itself and the rows read ahead are dropped.
 _next_reads: dict[inflight.OffsetKey, int] = {}
-
-# Members come and go: past this many entries, a memo of this module starts afresh.
-_MEMO_KEPT = 10_000
-
-
-def _remember(memo: dict[Any, Any], key: Any, value: Any) -> None:
-    if len(memo) >= _MEMO_KEPT:
-        memo.clear()
-    memo[key] = value
 
 
 def _parsed_filter(spec: dict[str, Any] | None) -> filters.Filter:
@@ -225,7 +217,7 @@ def lock_member_offsets(
     partition_ids = membership.held_partitions(group, member, cached=True)
     keys = tuple(sorted((group.id, pid, subscriber) for pid in partition_ids))
     everything = _parsed_filter(member.filter).is_everything
-    _remember(
+    memo.remember(
         _last_locks, (group.name, member.member_id, topic.name), (keys, group.ordered, everything)
     )
     if guess is None:
@@ -473,7 +465,7 @@ class _Batch:
         turns = tuple(sorted(offsets))
         rows = [offsets[key] for key in turns]
         turn = _turns.get(turns, 0) % len(rows)
-        _remember(_turns, turns, turn + 1)
+        memo.remember(_turns, turns, turn + 1)
         for row in rows[turn:] + rows[:turn]:
             if self.room <= 0:
                 break
@@ -524,7 +516,7 @@ class _Batch:
                 run_start = -1
         self._end_run(row.partition_id, run_start, position - 1)
         row.delivered_offset = position
-        _remember(_next_reads, (self.group.id, row.partition_id, self.subscriber), position)
+        memo.remember(_next_reads, (self.group.id, row.partition_id, self.subscriber), position)
         if expired:
             self.expired += len(expired)
             deadletters.dead_letter_messages(

@@ -14,7 +14,18 @@ from django.db.models import F, Q
 
 from broker import models
 from broker import settings as ferry_settings
-from broker.core import bulk, errors, groups, inflight, keys, log, membership, retries, trace
+from broker.core import (
+    bulk,
+    errors,
+    groups,
+    inflight,
+    keys,
+    log,
+    membership,
+    memo,
+    retries,
+    trace,
+)
 from broker.core.records import Principal, SettleResult
 
 RECEIPT_MAX = 40
@@ -181,9 +192,6 @@ class LocksOutOfOrder(Exception):
 # after the group's read, as without the entry.
 _clustering_ids: dict[str, int] = {}
 
-# Groups come and go: past this many entries, the memo starts afresh.
-_IDS_KEPT = 10_000
-
 
 def _lock_ahead(group_id: int, receipts: list[str]) -> None:
     """Announce the lock of a clustering group's offset rows in the partitions the receipts
@@ -191,16 +199,6 @@ def _lock_ahead(group_id: int, receipts: list[str]) -> None:
     statement, in its round trip."""
     inflight.lock_ahead(_clustering_keys(group_id, receipts), None)
     read_named_ahead(group_id, receipts)
-
-
-def _note_group(name: str, clustering_id: int | None) -> None:
-    """Remember the group's id for the next settlement's guess (None: it is not clustering)."""
-    if clustering_id is None:
-        _clustering_ids.pop(name, None)
-        return
-    if len(_clustering_ids) >= _IDS_KEPT:
-        _clustering_ids.clear()
-    _clustering_ids[name] = clustering_id
 
 
 def _clustering_keys(group_id: int, receipts: list[str]) -> list[inflight.OffsetKey]:
@@ -235,8 +233,10 @@ class _Settling:
             raise errors.GroupNotFound(group=group_name)
         self.group: models.ConsumerGroup = group
         clustering = group.mode == models.ConsumerGroup.Mode.CLUSTERING
-        if postgresql and _clustering_ids.get(group_name) != (group.id if clustering else None):
-            _note_group(group_name, group.id if clustering else None)
+        if postgresql and clustering:
+            memo.remember(_clustering_ids, group_name, group.id)
+        elif postgresql:
+            _clustering_ids.pop(group_name, None)
         if locked is None and postgresql and clustering:
             # A clustering group's runs are the group's own (subscriber ""), in the partitions
             # the receipts name: lock those offset rows first and read the runs once, under them

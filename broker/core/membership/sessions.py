@@ -11,7 +11,7 @@ from django.db.models import F
 
 from broker import models
 from broker import settings as ferry_settings
-from broker.core import bulk, errors, filters, inflight, keys, log, topics
+from broker.core import bulk, errors, filters, inflight, keys, log, memo, topics
 from broker.core.membership import rebalancing
 from broker.core.records import MemberInfo, MemberSummary, Principal
 
@@ -382,9 +382,7 @@ def held_partitions(
         rows = bulk.run(SELECT_LEASES, [group.id, member.member_id])
     held = frozenset(pid for (pid,) in rows)
     if cached:
-        if len(_held) >= HELD_CACHE_MAX:
-            _held.clear()
-        _held[key] = held
+        memo.remember(_held, key, held, HELD_CACHE_MAX)
     return held
 
 
