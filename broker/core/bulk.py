@@ -72,11 +72,7 @@ def run(sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
             return found
         pending, ahead = _take(db, "ferry_deferred"), _take(db, "ferry_ahead")
         if pending or ahead:
-            results = _pipeline(db, [*pending, (sql, params), *ahead])
-            if ahead:
-                found_ahead = list(zip(ahead, results[-len(ahead) :], strict=True))
-                db.ferry_read = (db.connection, found_ahead)
-            return results[len(pending)]
+            return _between_held(db, pending, [(sql, params)], ahead)[0]
     raw = db.connection
     if db.vendor != "sqlite" and pgwire.usable(db):
         return _wire(db, [(sql, params)])[0]
@@ -105,7 +101,17 @@ def run_together(statements: Sequence[tuple[str, Sequence[Any]]]) -> list[list[t
     if db.connection is None:
         db.ensure_connection()
     _drop_reads_of(db, None)  # statements of their own run between: what was read ahead is old
-    pending, ahead = _take(db, "ferry_deferred"), _take(db, "ferry_ahead")
+    return _between_held(db, _take(db, "ferry_deferred"), statements, _take(db, "ferry_ahead"))
+
+
+def _between_held(
+    db: Any,
+    pending: list[tuple[str, Sequence[Any]]],
+    statements: Sequence[tuple[str, Sequence[Any]]],
+    ahead: list[tuple[str, Sequence[Any]]],
+) -> list[list[tuple[Any, ...]]]:
+    """The statements' rows, sent in one round trip after the writes defer() held (pending) and
+    before the reads read_ahead() announced (ahead), whose rows are kept for their run()."""
     results = _pipeline(db, [*pending, *statements, *ahead])
     if ahead:
         db.ferry_read = (db.connection, list(zip(ahead, results[-len(ahead) :], strict=True)))
