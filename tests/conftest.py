@@ -12,7 +12,7 @@ from asgiref.sync import SyncToAsync
 from django.db import connection, connections
 from django.test import Client
 
-from broker.core import keys, topics
+from broker.core import bulk, keys, topics
 from broker.core.records import Principal, TopicInfo
 from tests.sessions import LingeringSession, end_lingering_sessions
 
@@ -95,6 +95,21 @@ def client_factory(key_factory: Callable[..., tuple[Principal, str]]) -> Callabl
         return Client(HTTP_AUTHORIZATION=f"Bearer {secret}")
 
     return make
+
+
+@pytest.fixture
+def pipelines(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
+    """The statements (their SQL) of each round trip bulk sends as a pipeline, as they go: on
+    PostgreSQL the deferred writes and announced reads sent with a statement (bulk._pipeline)."""
+    sent: list[list[str]] = []
+    real = bulk._pipeline
+
+    def recorded(db: Any, statements: Any, then: Any = None) -> Any:
+        sent.append([sql for sql, _ in statements])
+        return real(db, statements, then)
+
+    monkeypatch.setattr(bulk, "_pipeline", recorded)
+    return sent
 
 
 @pytest.fixture

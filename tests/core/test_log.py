@@ -226,27 +226,18 @@ def test_read_messages__range_and_limits(topic_factory, console):
         log.read_messages(console, topic.name, 0, 0, 0)
 
 
-def test_read_messages__from_an_offset_in_one_round_trip(topic_factory, console, monkeypatch):
+def test_read_messages__from_an_offset_in_one_round_trip(topic_factory, console, pipelines):
     """A fetch from a given offset reads its messages with the partition's row (on PostgreSQL
     in one round trip); one from the start offset reads them after it."""
-    from broker.core import bulk
-
     topic = topic_factory(partitions=2)
     log.append_messages(console, topic.name, [msg(i, partition=1) for i in range(4)])
-    trips = []
-    real = bulk._pipeline
-
-    def counted(db, statements, then=None):
-        trips.append(len(statements))
-        return real(db, statements, then)
-
-    monkeypatch.setattr(bulk, "_pipeline", counted)
+    pipelines.clear()  # the append's
     result = log.read_messages(console, topic.name, 1, 1, 2)
     assert [m.offset for m in result.messages] == [1, 2]
     assert (result.next_offset, result.start_offset, result.end_offset) == (3, 0, 4)
     assert [m.partition for m in result.messages] == [1, 1]
     if connection.vendor == "postgresql":
-        assert trips == [2]
+        assert [len(p) for p in pipelines] == [2]
     # Partition 0 holds none of them: the read by name finds that partition's own.
     assert log.read_messages(console, topic.name, 0, 0, 10).messages == ()
     assert [m.offset for m in log.read_messages(console, topic.name, 1, None, 10).messages] == [
