@@ -36,7 +36,7 @@ from psycopg import errors as pg_errors
 from psycopg import pq
 from psycopg._preparing import Prepare
 from psycopg.adapt import AdaptersMap, Loader, PyFormat, Transformer
-from psycopg.types.numeric import Int8BinaryDumper
+from psycopg.types.numeric import Int8BinaryDumper, Int8Dumper
 
 # Rows come back in binary: a bytea value as its bytes (not hex text twice its size for the
 # server to write and the driver to decode), numbers without a parse.
@@ -118,12 +118,17 @@ class _Int8Context:
 
     psycopg sends an int as the smallest type that holds it (smallint, integer, bigint), so a
     statement would be prepared once per size of its numbers (an offset passing 32767, then
-    2**31). Compared with or stored into an integer column, a bigint parameter works the same.
+    2**31), and a list of ints as an array of the type its first list's numbers fit.
+    Compared with or stored into an integer column, a bigint parameter works the same.
     """
 
     def __init__(self, raw: Any) -> None:
         self.connection = raw
         self.adapters = AdaptersMap(raw.adapters)
+        # The text one too: a list of ints dumps its elements as text, and psycopg's own
+        # picked smallint for [1, 2], then kept that dumper for every later list (32,768
+        # refused). Registered first: for PyFormat.AUTO the last registered is used.
+        self.adapters.register_dumper(int, Int8Dumper)
         self.adapters.register_dumper(int, Int8BinaryDumper)
         # Django reads jsonb columns as text (its JSONField parses them itself).
         self.adapters.register_loader("jsonb", _JsonbAsText)

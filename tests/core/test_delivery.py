@@ -1102,3 +1102,25 @@ def test_release_messages__back_at_once_with_the_same_attempt(topic_factory, con
     # The old receipts named nothing any more.
     assert delivery.release_messages(console, "g", [got[1].receipt]).stale == (got[1].receipt,)
     assert delivery.ack_messages(console, "g", [got[0].receipt, again[1].receipt]).settled == 2
+
+
+def test_acks__settle_once_the_in_flight_ids_pass_a_smallint(topic_factory, console):
+    """On PostgreSQL an ack deletes its runs by "id = ANY(list)". A process whose first acks
+    named small ids went on sending later lists as smallint[], and every ack failed once the
+    ids passed 32,767 (pgwire._Int8Context)."""
+    topic = topic_factory().name
+    produce(console, topic, 6)
+    joined(console, topic)
+    first = deliver(console, topic, n=2)
+    assert delivery.ack_messages(console, "g", [d.receipt for d in first]).settled == 2
+    if bulk.vendor() == "postgresql":
+        bulk.run("SELECT setval(pg_get_serial_sequence('broker_inflight', 'id'), %s)", [40_000])
+    later = deliver(console, topic, n=2)
+    if bulk.vendor() == "postgresql":
+        assert min(row.id for row in models.InFlight.objects.all()) > 40_000
+    assert delivery.ack_messages(console, "g", [d.receipt for d in later]).settled == 2
+    rest = deliver(console, topic, n=2)
+    assert [d.message.offset for d in rest] == [4, 5]
+    receipts = [d.receipt for d in rest]
+    assert delivery.ack_and_deliver(console, "g", receipts, topic, "m", 0, 2).acked.settled == 2
+    assert committed("g", topic).committed_offset == 6

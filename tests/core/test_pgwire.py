@@ -241,3 +241,16 @@ def test_pipeline_sync__outside_pipeline_mode_raises_as_psycopg_would():
         pgwire._pipeline_sync(pgconn)
     # The connection is unharmed.
     assert bulk.run("SELECT 1") == [(1,)]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_list_of_ints__sent_as_bigints_whatever_the_first_list_held():
+    # psycopg picks a list's element type from its largest number (smallint for [1, 2]), and
+    # its dumper cache then gave every later list of ints that type: an ack's
+    # "id = ANY(%s)" failed once the in-flight ids passed 32,767 on a connection whose first
+    # ack named smaller ones.
+    sql = "SELECT x FROM unnest(%s) AS x ORDER BY x"
+    for numbers in ([1, 2], [40_000, 3], [2**40], [7], [-(2**35), 5]):
+        assert bulk.run(sql, [numbers]) == [(n,) for n in sorted(numbers)]
+    assert bulk.run("SELECT pg_typeof(%s)::text", [[1]]) == [("bigint[]",)]
+    assert bulk.run("SELECT x FROM unnest(%s::text[]) AS x", [["a", "b"]]) == [("a",), ("b",)]
