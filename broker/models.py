@@ -251,8 +251,9 @@ class InFlight(models.Model):
     """Delivered messages not yet settled, or waiting for their retry (docs/semantics.md).
 
     One row holds a run of consecutive offsets [offset, last_offset] delivered together, so a
-    batch costs one row per partition, not one per message; a settle that names part of a run
-    splits it. Receipts are "<token>.<partition id>.<offset>" (hex).
+    batch costs one row per partition, not one per message. An ack that names part of a run
+    leaves the offsets between those it named as runs; the other settlements split it into one
+    row per offset. Receipts are "<token>.<partition id>.<offset>" (hex).
     """
 
     class State(models.TextChoices):

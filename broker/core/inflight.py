@@ -7,7 +7,7 @@ import functools
 import re
 import secrets
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 from django.db import connection
@@ -94,7 +94,35 @@ def _numbers(token: str, partition: str, offset: str) -> tuple[str, int, int] | 
     return token, partition_id, where
 
 
-def _row(r: models.InFlight, first: int, last: int) -> tuple[object, ...]:
+class Run(Protocol):
+    """What a piece of a run copies of it: an InFlight row's fields, or a settlement's
+    reading of them."""
+
+    @property
+    def group_id(self) -> int: ...
+    @property
+    def partition_id(self) -> int: ...
+    @property
+    def subscriber(self) -> str: ...
+    @property
+    def offset(self) -> int: ...
+    @property
+    def last_offset(self) -> int: ...
+    @property
+    def state(self) -> str: ...
+    @property
+    def member_id(self) -> str: ...
+    @property
+    def token(self) -> str: ...
+    @property
+    def attempt(self) -> int: ...
+    @property
+    def deadline_ms(self) -> int: ...
+    @property
+    def last_error(self) -> str: ...
+
+
+def _row(r: Run, first: int, last: int) -> tuple[object, ...]:
     """The columns of a piece [first, last] of a run, its other fields unchanged."""
     return (
         r.group_id,
@@ -111,27 +139,43 @@ def _row(r: models.InFlight, first: int, last: int) -> tuple[object, ...]:
     )
 
 
-def _split(rows: Iterable[models.InFlight], removed: dict[int, set[int]] | None = None) -> None:
-    """Split runs into one row per offset, leaving out removed[row id]. Caller holds the locks.
+def _split(rows: Iterable[models.InFlight]) -> None:
+    """Split runs into one row per offset. Caller holds the locks.
 
-    Settling part of a run, and the slower paths (nack, reject, extend, retries, the deadline
-    sweep), work on single messages; the runs they touch are split first.
+    The slower paths (nack, reject, extend, retries, the deadline sweep) work on single
+    messages; the runs they touch are split first. An ack of part of a run leaves runs
+    (insert_rest).
     """
-    runs = [r for r in rows if r.last_offset > r.offset or (removed and r.id in removed)]
+    runs = [r for r in rows if r.last_offset > r.offset]
     if not runs:
         return
     models.InFlight.objects.filter(id__in=[r.id for r in runs]).delete()
-    gone = removed or {}
     bulk.insert_rows(
         "broker_inflight",
         IN_FLIGHT_COLUMNS,
-        [
-            _row(r, o, o)
-            for r in runs
-            for o in range(r.offset, r.last_offset + 1)
-            if o not in gone.get(r.id, ())
-        ],
+        [_row(r, o, o) for r in runs for o in range(r.offset, r.last_offset + 1)],
     )
+
+
+def insert_rest(runs: Iterable[tuple[Run, set[int]]]) -> None:
+    """Put back what is left of runs an ack settled part of, each (run, the offsets settled),
+    after the caller deleted them: the offsets between those settled, as runs of their own
+    with the run's token (their receipts still name them) and its other fields.
+
+    Not one row per offset, as _split leaves: a subscriber whose prefetch holds several ack
+    batches settles the first part of a run at a time, and a row per offset left made its
+    database writes per message (docs/architecture.md#in-flight-by-runs).
+    """
+    rows = []
+    for run, settled in runs:
+        start = run.offset
+        for offset in sorted(settled):
+            if offset > start:
+                rows.append(_row(run, start, offset - 1))
+            start = offset + 1
+        if start <= run.last_offset:
+            rows.append(_row(run, start, run.last_offset))
+    bulk.insert_rows("broker_inflight", IN_FLIGHT_COLUMNS, rows)
 
 
 def wake(topic_id: int) -> None:

@@ -69,6 +69,8 @@ class _Named(NamedTuple):
     topic_id: int
     topic: str
     trace: bool
+    deadline_ms: int
+    last_error: str
 
 
 # Raw SQL on the ack hot path: no model instances for a thousand receipts. A receipt names
@@ -76,7 +78,8 @@ class _Named(NamedTuple):
 # index, one range per partition; the stored receipt must then match exactly.
 SELECT_NAMED = (
     'SELECT i.id, i.group_id, i.partition_id, i.subscriber, i.token, i."offset", i.last_offset, '
-    "i.member_id, i.attempt, i.state, p.number, t.id, t.name, t.trace FROM broker_inflight i "
+    "i.member_id, i.attempt, i.state, p.number, t.id, t.name, t.trace, i.deadline_ms, i.last_error "
+    "FROM broker_inflight i "
     "JOIN broker_partition p ON p.id = i.partition_id JOIN broker_topic t ON t.id = p.topic_id "
     'WHERE i.group_id = %s AND i.partition_id = %s AND i."offset" <= %s AND i.last_offset >= %s'
 )
@@ -147,7 +150,7 @@ def _named(group_id: int, receipts: list[str]) -> dict[_Named, list[tuple[str, i
         # Runs of one token do not overlap; broadcast members' runs may share offsets.
         by_token: dict[str, list[_Named]] = {}
         for row in bulk.run(SELECT_NAMED, params):
-            run = _Named._make((*row[:13], bool(row[13])))
+            run = _Named._make((*row[:13], bool(row[13]), *row[14:]))
             by_token.setdefault(run.token, []).append(run)
         starts = {}
         for token, runs in by_token.items():
@@ -353,15 +356,15 @@ def ack_in_transaction(
     """
     now = log.now_ms()
     settling = _Settling(principal, group_name, receipts, group, locked, lock_more)
-    whole, partial = [], {}
-    for run, named in settling.runs.items():
-        if len(named) == run.last_offset - run.offset + 1:
-            whole.append(run.id)
-        else:
-            partial[run.id] = {offset for _, offset in named}
-    _delete_in_flight(whole)
-    if partial:
-        inflight._split(list(models.InFlight.objects.filter(id__in=partial)), partial)
+    # A run settled in part is deleted too, and what is left of it put back: no read of its
+    # own, nor a round trip (on PostgreSQL both writes go with the next statement).
+    partial = [
+        (run, {offset for _, offset in named})
+        for run, named in settling.runs.items()
+        if len(named) < run.last_offset - run.offset + 1
+    ]
+    _delete_in_flight([run.id for run in settling.runs])
+    inflight.insert_rest(partial)
     trace.record(
         [
             trace.event(
