@@ -9,13 +9,13 @@ One Daphne process from each checkout, both on the same database (the embedded S
 PostgreSQL under scripts/with-postgres), the in-memory channel layer, background jobs off. Each
 gets its own 1-partition topics, filled over REST (B keyed 256-byte messages per request), then
 per round one WebSocket subscriber of each (in turns, the first of each pair alternating) takes
-N messages with prefetch 2*B and an ack frame per B, as bench/postgres.py's consume does.
-Printed: per checkout, the median msgs/s and the broker's (and PostgreSQL's) CPU per message
-over the rounds, and each round's ratio of the two.
+N messages with prefetch 2*B (or --prefetch) and an ack frame per B, as bench/postgres.py's
+consume does. Printed: per checkout, the median msgs/s and the broker's (and PostgreSQL's) CPU
+per message over the rounds, and each round's ratio of the two.
 
     git worktree add --detach ../base <commit> && ln -s "$PWD/.venv" ../base/.venv
     [scripts/with-postgres] .venv/bin/python bench/compare_consume.py ../base [--rounds 8]
-        [--batch 100] [--messages 50000]
+        [--batch 100] [--prefetch 200] [--messages 50000]
 """
 
 import argparse
@@ -52,11 +52,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("other", type=Path, help="the checkout to compare this one with")
     parser.add_argument("--rounds", type=int, default=8)
-    parser.add_argument("--batch", type=int, default=100, help="B: prefetch 2B, an ack per B")
+    parser.add_argument("--batch", type=int, default=100, help="B: an ack frame per B")
+    parser.add_argument("--prefetch", type=int, help="the subscriber's prefetch (default 2B)")
     parser.add_argument("--messages", type=int, default=50_000, help="per round and checkout")
     args = parser.parse_args()
     checkouts = {"other": args.other.resolve(), "this": ROOT}
     batch, count = args.batch, args.messages // args.batch * args.batch
+    prefetch = args.prefetch or 2 * batch
     tmp = Path(tempfile.mkdtemp(prefix="ferry-compare-"))
     setup_django(tmp)
     from django.db import connections
@@ -102,7 +104,7 @@ def main() -> int:
                             names[(r, which)],
                             f"bench-compare-{which}-{r}",
                             count,
-                            2 * batch,
+                            prefetch,
                             batch,
                         )
                     )
@@ -112,7 +114,7 @@ def main() -> int:
     finally:
         for proc, _, _ in servers.values():
             stop_daphne(proc)
-    print(f"consume+ack B={batch}, prefetch {2 * batch}, {count:,} messages a round")
+    print(f"consume+ack B={batch}, prefetch {prefetch}, {count:,} messages a round")
     for which, path in checkouts.items():
         rows = results[which]
         rate = statistics.median(row[0] for row in rows)
