@@ -142,6 +142,28 @@ def test_extend_deadlines(topic_factory, console):
     assert models.InFlight.objects.get().deadline_ms > log.now_ms() + 500_000
 
 
+def test_extend_deadlines__a_whole_run_keeps_its_row(topic_factory, console):
+    topic = topic_factory().name
+    produce(console, topic, 6)
+    joined(console, topic)
+    got = deliver(console, topic)
+    result = delivery.extend_deadlines(console, "g", [d.receipt for d in got], 600_000)
+    assert (result.settled, result.stale) == (6, ())
+    assert runs() == [(0, 5, "delivered")]
+    assert models.InFlight.objects.get().deadline_ms > log.now_ms() + 500_000
+    # Part of it: those named are split out and moved, the rest keep their deadline.
+    delivery.extend_deadlines(console, "g", [got[1].receipt], 900_000)
+    assert runs() == [(o, o, "delivered") for o in range(6)]
+    deadlines = dict(models.InFlight.objects.values_list("offset", "deadline_ms"))
+    assert deadlines[1] > log.now_ms() + 800_000 > deadlines[0] == deadlines[5]
+    # A message waiting for its retry is stale to an extend, alone in its row or not.
+    delivery.nack_messages(console, "g", [got[2].receipt], delay_ms=60_000)
+    result = delivery.extend_deadlines(console, "g", [got[2].receipt, got[3].receipt], 60_000)
+    assert (result.settled, result.stale) == (1, (got[2].receipt,))
+    assert delivery.ack_messages(console, "g", [d.receipt for d in got]).settled == 6
+    assert committed("g", topic).committed_offset == 6
+
+
 def test_deliver_messages__ordered_one_in_flight(topic_factory, console):
     topic = topic_factory(partitions=2).name
     produce(console, topic, 3, partition=0)

@@ -278,15 +278,20 @@ class _Settling:
             if keys.allows(principal, run.topic, "consume")
         }
 
-    def single_rows(self) -> dict[int, tuple[models.Topic, list[models.InFlight]]]:
-        """The named messages as one model row each, by topic (nack, reject, extend).
+    def single_rows(
+        self, runs: dict[_Named, list[tuple[str, int]]] | None = None
+    ) -> dict[int, tuple[models.Topic, list[models.InFlight]]]:
+        """The named messages as one model row each, by topic (nack, reject, extend); of
+        runs, some of self.runs, if given.
 
         Splits the runs they are in first.
         """
-        runs = models.InFlight.objects.filter(id__in=[r.id for r in self.runs])
-        inflight._split(list(runs))
+        runs = self.runs if runs is None else runs
+        if not runs:
+            return {}
+        inflight._split(list(models.InFlight.objects.filter(id__in=[r.id for r in runs])))
         match = Q(pk__in=[])
-        for run, named in self.runs.items():
+        for run, named in runs.items():
             match |= Q(
                 group_id=run.group_id,
                 partition_id=run.partition_id,
@@ -300,10 +305,12 @@ class _Settling:
             out.setdefault(topic.id, (topic, []))[1].append(row)
         return out
 
-    def delivered_rows(self) -> tuple[list[models.InFlight], list[models.InFlight]]:
-        """The named messages' single rows (single_rows), and those still delivered: not
-        waiting for a retry (extend, release)."""
-        rows = [row for _, topic_rows in self.single_rows().values() for row in topic_rows]
+    def delivered_rows(
+        self, runs: dict[_Named, list[tuple[str, int]]] | None = None
+    ) -> tuple[list[models.InFlight], list[models.InFlight]]:
+        """The named messages' single rows (single_rows, of runs if given), and those still
+        delivered: not waiting for a retry (extend, release)."""
+        rows = [row for _, topic_rows in self.single_rows(runs).values() for row in topic_rows]
         return rows, [r for r in rows if r.state == models.InFlight.State.DELIVERED]
 
 
@@ -466,17 +473,27 @@ def extend_deadlines(
     """Give delivered messages more time: their deadlines become now + extend_ms."""
     groups.validate_ack_deadline(extend_ms, "extend_ms")
     now = log.now_ms()
+    delivered = models.InFlight.State.DELIVERED
     with bulk.bookkeeping():
         settling = _Settling(principal, group_name, receipts)
-        rows, live = settling.delivered_rows()
-        models.InFlight.objects.filter(id__in=[r.id for r in live]).update(
-            deadline_ms=now + extend_ms
-        )
+        # A run named whole keeps its row and its deadline moves as one: a subscriber that
+        # extends the batch it holds, then acks it, settles one row, not one per message.
+        whole, part = {}, {}
+        for run, named in settling.runs.items():
+            if len(named) == run.last_offset - run.offset + 1:
+                whole[run] = named
+            else:
+                part[run] = named
+        rows, live = settling.delivered_rows(part)
+        moved = [r.id for r in live] + [run.id for run in whole if run.state == delivered]
+        models.InFlight.objects.filter(id__in=moved).update(deadline_ms=now + extend_ms)
     # A message waiting for its retry is not with the consumer any more: nothing to extend.
     receipt_of = {
-        (run.partition_id, offset): text
-        for run, named in settling.runs.items()
-        for text, offset in named
+        (run.partition_id, offset): text for run, named in part.items() for text, offset in named
     }
     waiting = {receipt_of[(r.partition_id, r.offset)] for r in rows if r not in live}
-    return SettleResult(settled=len(live), stale=settling.stale + tuple(sorted(waiting)))
+    waiting.update(
+        text for run, named in whole.items() if run.state != delivered for text, _ in named
+    )
+    extended = len(live) + sum(len(named) for run, named in whole.items() if run.state == delivered)
+    return SettleResult(settled=extended, stale=settling.stale + tuple(sorted(waiting)))
