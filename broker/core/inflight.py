@@ -142,9 +142,9 @@ def _row(r: Run, first: int, last: int) -> tuple[object, ...]:
 def _split(rows: Iterable[models.InFlight]) -> None:
     """Split runs into one row per offset. Caller holds the locks.
 
-    The slower paths (nack, reject, release, an extend of part of a run, retries, the
-    deadline sweep) work on single messages; the runs they touch are split first. An ack of
-    part of a run leaves runs (insert_rest).
+    The slower paths (reject, release, a nack or an extend of part of a run, retries coming
+    due, the deadline sweep) work on single messages; the runs they touch are split first. An
+    ack of part of a run leaves runs (insert_rest).
     """
     runs = [r for r in rows if r.last_offset > r.offset]
     if not runs:

@@ -357,6 +357,32 @@ def test_ack_messages__a_prefetch_of_several_ack_batches_keeps_one_run(
     assert trips[1] == trips[2] == trips[3]
 
 
+def test_nack_messages__a_whole_run_waits_as_one_row(topic_factory, console):
+    from broker.core import trace
+
+    topic = topic_factory().name
+    produce(console, topic, 3)
+    joined(console, topic)
+    got = deliver(console, topic)
+    result = delivery.nack_messages(console, "g", [d.receipt for d in got], error="boom")
+    assert (result.settled, result.dead_lettered) == (3, 0)
+    assert runs() == [(0, 2, "retry_wait")]
+    assert committed("g", topic).retry_waiting == 3
+    (row,) = models.InFlight.objects.all()
+    assert (row.last_error, row.attempt) == ("boom", 1)
+    # Every message's retry is in its trace, as when runs were split first.
+    for offset in range(3):
+        (event,) = trace.get_trace(console, topic, 0, offset)
+        assert (event.event, event.attempt) == ("retry_scheduled", 1)
+        assert event.detail == {"due_ms": row.deadline_ms, "error": "boom"}
+    # Due at once: the retries go out one message at a time, each a second attempt.
+    models.InFlight.objects.update(deadline_ms=0)
+    again = deliver(console, topic)
+    assert [(d.message.offset, d.attempt) for d in again] == [(0, 2), (1, 2), (2, 2)]
+    assert delivery.ack_messages(console, "g", [d.receipt for d in again]).settled == 3
+    assert committed("g", topic).committed_offset == 3
+
+
 def test_nack_messages__middle_of_a_run(topic_factory, console):
     topic = topic_factory().name
     produce(console, topic, 3)
