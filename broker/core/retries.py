@@ -6,6 +6,7 @@ that keeps the committed offset the lowest unsettled one.
 """
 
 from collections.abc import Iterable
+from typing import Protocol
 
 import orjson
 from django.db import transaction
@@ -44,6 +45,81 @@ def backoff_ms(delays_ms: Iterable[int], attempt: int) -> int:
     return levels[min(max(attempt, 1), len(levels)) - 1]
 
 
+class WholeRun(inflight.Run, Protocol):
+    """A run a settlement named whole: its row's fields, its id, its topic's id and trace
+    flag, and its partition's number."""
+
+    @property
+    def id(self) -> int: ...
+    @property
+    def topic_id(self) -> int: ...
+    @property
+    def partition(self) -> int: ...
+    @property
+    def trace(self) -> bool: ...
+
+
+def _exhausted(group: models.ConsumerGroup, attempt: int) -> bool:
+    return attempt >= group.max_attempts
+
+
+def _wait_ms(group: models.ConsumerGroup, attempt: int, delay_ms: int | None) -> int:
+    """How long a failed attempt waits for its retry: the nack's delay, else the backoff."""
+    return delay_ms if delay_ms is not None else backoff_ms(group.retry_delays_ms, attempt)
+
+
+def waits_whole(run: WholeRun, group: models.ConsumerGroup) -> bool:
+    """Whether a nack of the whole run may leave it one row waiting for its retry (wait_runs):
+    it is delivered, none of its messages goes to the dead letters, and its topic does not
+    trace (that records a nacked event for each message, which fail() writes)."""
+    return (
+        run.state == models.InFlight.State.DELIVERED
+        and not run.trace
+        and not _exhausted(group, run.attempt)
+    )
+
+
+def wait_runs(
+    runs: Iterable[WholeRun],
+    group: models.ConsumerGroup,
+    *,
+    error: str,
+    delay_ms: int | None,
+    now: int,
+) -> None:
+    """fail() of whole runs that waits_whole() allows, for a nack: each waits for its retry as
+    one row, as a leaver's release leaves one (the delivery splits it when it comes due), and
+    each message's retry_scheduled event is recorded (for every topic, as fail() records it).
+    Caller holds the runs' group offset locks."""
+    error = error[:MAX_ERROR_CHARS]
+    by_due: dict[int, list[WholeRun]] = {}
+    for run in runs:
+        by_due.setdefault(now + _wait_ms(group, run.attempt, delay_ms), []).append(run)
+    for due, same in by_due.items():
+        models.InFlight.objects.filter(id__in=[run.id for run in same]).update(
+            state=models.InFlight.State.RETRY_WAIT, deadline_ms=due, last_error=error
+        )
+    trace.record(
+        [
+            trace.event(
+                run.topic_id,
+                run.partition,
+                offset,
+                "retry_scheduled",
+                group=group.name,
+                member_id=run.member_id,
+                attempt=run.attempt,
+                at_ms=now,
+                due_ms=due,
+                error=error,
+            )
+            for due, same in by_due.items()
+            for run in same
+            for offset in range(run.offset, run.last_offset + 1)
+        ]
+    )
+
+
 def fail(
     rows: list[models.InFlight],
     group: models.ConsumerGroup,
@@ -64,12 +140,11 @@ def fail(
         row.last_error = error
         if event == "nacked" and topic.trace:
             events.append(_event(topic, row, group, "nacked", now, error=error))
-        if row.attempt >= group.max_attempts:
+        if _exhausted(group, row.attempt):
             exhausted.append(row)
             continue
-        wait = delay_ms if delay_ms is not None else backoff_ms(group.retry_delays_ms, row.attempt)
         row.state = models.InFlight.State.RETRY_WAIT
-        row.deadline_ms = now + wait
+        row.deadline_ms = now + _wait_ms(group, row.attempt, delay_ms)
         waiting.append(row)
         events.append(
             _event(topic, row, group, "retry_scheduled", now, due_ms=row.deadline_ms, error=error)

@@ -72,6 +72,11 @@ class _Named(NamedTuple):
     deadline_ms: int
     last_error: str
 
+    @property
+    def size(self) -> int:
+        """How many offsets the run holds: a settlement that names them all names it whole."""
+        return self.last_offset - self.offset + 1
+
 
 # Raw SQL on the ack hot path: no model instances for a thousand receipts. A receipt names
 # its partition and offset, so the rows come from the (group, partition, subscriber, offset)
@@ -368,7 +373,7 @@ def ack_in_transaction(
     partial = [
         (run, {offset for _, offset in named})
         for run, named in settling.runs.items()
-        if len(named) < run.last_offset - run.offset + 1
+        if len(named) < run.size
     ]
     _delete_in_flight([run.id for run in settling.runs])
     inflight.insert_rest(partial)
@@ -417,49 +422,15 @@ def nack_messages(
     with bulk.bookkeeping():
         settling = _Settling(principal, group_name, receipts)
         group = settling.group
-        # A delivered run nacked whole waits for its retry as one row, as a leaver's release
-        # leaves one (the delivery splits it when it comes due), unless its topic traces (an
-        # event a message) or it goes to the dead letters: no split, one UPDATE.
-        whole: dict[int, list[_Named]] = {}  # by the retry's wait
+        # A delivered run nacked whole waits for its retry as one row: no split, one UPDATE.
+        whole: list[_Named] = []
         part: dict[_Named, list[tuple[str, int]]] = {}
         for run, named in settling.runs.items():
-            if (
-                len(named) == run.last_offset - run.offset + 1
-                and run.state == models.InFlight.State.DELIVERED
-                and not run.trace
-                and run.attempt < group.max_attempts
-            ):
-                wait = retries.backoff_ms(group.retry_delays_ms, run.attempt)
-                whole.setdefault(wait if delay_ms is None else delay_ms, []).append(run)
+            if len(named) == run.size and retries.waits_whole(run, group):
+                whole.append(run)
             else:
                 part[run] = named
-        kept_error = error[: retries.MAX_ERROR_CHARS]
-        for wait, runs in whole.items():
-            models.InFlight.objects.filter(id__in=[run.id for run in runs]).update(
-                state=models.InFlight.State.RETRY_WAIT,
-                deadline_ms=now + wait,
-                last_error=kept_error,
-            )
-        # Recorded for every topic (docs/api.md#message-trace), as retries.fail does.
-        trace.record(
-            [
-                trace.event(
-                    run.topic_id,
-                    run.partition,
-                    offset,
-                    "retry_scheduled",
-                    group=group.name,
-                    member_id=run.member_id,
-                    attempt=run.attempt,
-                    at_ms=now,
-                    due_ms=now + wait,
-                    error=kept_error,
-                )
-                for wait, runs in whole.items()
-                for run in runs
-                for offset in range(run.offset, run.last_offset + 1)
-            ]
-        )
+        retries.wait_runs(whole, group, error=error, delay_ms=delay_ms, now=now)
         for topic, rows in settling.single_rows(part).values():
             dead += retries.fail(
                 rows, group, topic, event="nacked", error=error, delay_ms=delay_ms, now=now
@@ -467,7 +438,7 @@ def nack_messages(
             if delay_ms == 0:
                 inflight.wake(topic.id)
         if delay_ms == 0:
-            for topic_id in sorted({run.topic_id for runs in whole.values() for run in runs}):
+            for topic_id in sorted({run.topic_id for run in whole}):
                 inflight.wake(topic_id)
         inflight.recompute_committed(settling.offsets)
     return SettleResult(settled=settling.count, stale=settling.stale, dead_lettered=dead)
@@ -527,7 +498,7 @@ def extend_deadlines(
         # extends the batch it holds, then acks it, settles one row, not one per message.
         whole, part = {}, {}
         for run, named in settling.runs.items():
-            if len(named) == run.last_offset - run.offset + 1:
+            if len(named) == run.size:
                 whole[run] = named
             else:
                 part[run] = named
