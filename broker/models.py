@@ -252,8 +252,10 @@ class InFlight(models.Model):
 
     One row holds a run of consecutive offsets [offset, last_offset] delivered together, so a
     batch costs one row per partition, not one per message. An ack that names part of a run
-    leaves the offsets between those it named as runs, an extend or a nack of a whole run keeps
-    it; the other settlements split it into one row per offset. Receipts are
+    leaves the offsets between those it named as runs, an extend or a nack of a whole run (and
+    the sweep of one past its deadline) keeps it, and a waiting run goes out again as one; the
+    other settlements carve the offsets they name out of it as rows of their own
+    (docs/architecture.md#in-flight-by-runs). Receipts are
     "<token>.<partition id>.<offset>" (hex).
     """
 

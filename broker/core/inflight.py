@@ -99,6 +99,8 @@ class Run(Protocol):
     reading of them."""
 
     @property
+    def id(self) -> int: ...
+    @property
     def group_id(self) -> int: ...
     @property
     def partition_id(self) -> int: ...
@@ -122,7 +124,7 @@ class Run(Protocol):
     def last_error(self) -> str: ...
 
 
-def _row(r: Run, first: int, last: int) -> tuple[object, ...]:
+def piece(r: Run, first: int, last: int) -> tuple[object, ...]:
     """The columns of a piece [first, last] of a run, its other fields unchanged."""
     return (
         r.group_id,
@@ -142,19 +144,27 @@ def _row(r: Run, first: int, last: int) -> tuple[object, ...]:
 def _split(rows: Iterable[models.InFlight]) -> None:
     """Split runs into one row per offset. Caller holds the locks.
 
-    The slower paths (reject, release, a nack or an extend of part of a run, retries coming
-    due, the deadline sweep) work on single messages; the runs they touch are split first. An
-    ack of part of a run leaves runs (insert_rest).
+    The slower paths (runs out of attempts, ordered mode's retries, a due run with a message
+    gone or past its TTL) work on single messages; the runs they touch are split first. A
+    settlement of part of a run carves out what it names (carve), an ack leaves runs
+    (insert_rest), and a due run goes out again whole or by its front
+    (docs/architecture.md#in-flight-by-runs).
     """
-    runs = [r for r in rows if r.last_offset > r.offset]
+    carve([(r, set(range(r.offset, r.last_offset + 1))) for r in rows if r.last_offset > r.offset])
+
+
+def carve(runs: Iterable[tuple[Run, set[int]]]) -> None:
+    """Make each named offset of these runs a row of its own, for a settlement that works on
+    single messages (a nack, reject, release or extend of part of a run): each run is deleted
+    and put back as those rows and, between them, runs of what is left (as insert_rest leaves
+    it). A nack of one message of a batch of 100 writes three rows, not 100. Caller holds the
+    locks."""
+    runs = list(runs)
     if not runs:
         return
-    models.InFlight.objects.filter(id__in=[r.id for r in runs]).delete()
-    bulk.insert_rows(
-        "broker_inflight",
-        IN_FLIGHT_COLUMNS,
-        [_row(r, o, o) for r in runs for o in range(r.offset, r.last_offset + 1)],
-    )
+    models.InFlight.objects.filter(id__in=[run.id for run, _ in runs]).delete()
+    named = [piece(run, offset, offset) for run, offsets in runs for offset in sorted(offsets)]
+    bulk.insert_rows("broker_inflight", IN_FLIGHT_COLUMNS, named + _rest(runs))
 
 
 def insert_rest(runs: Iterable[tuple[Run, set[int]]]) -> None:
@@ -166,16 +176,21 @@ def insert_rest(runs: Iterable[tuple[Run, set[int]]]) -> None:
     batches settles the first part of a run at a time, and a row per offset left made its
     database writes per message (docs/architecture.md#in-flight-by-runs).
     """
+    bulk.insert_rows("broker_inflight", IN_FLIGHT_COLUMNS, _rest(runs))
+
+
+def _rest(runs: Iterable[tuple[Run, set[int]]]) -> list[tuple[object, ...]]:
+    """The pieces of each run between the offsets given, and after the last."""
     rows = []
     for run, settled in runs:
         start = run.offset
         for offset in sorted(settled):
             if offset > start:
-                rows.append(_row(run, start, offset - 1))
+                rows.append(piece(run, start, offset - 1))
             start = offset + 1
         if start <= run.last_offset:
-            rows.append(_row(run, start, run.last_offset))
-    bulk.insert_rows("broker_inflight", IN_FLIGHT_COLUMNS, rows)
+            rows.append(piece(run, start, run.last_offset))
+    return rows
 
 
 def wake(topic_id: int) -> None:

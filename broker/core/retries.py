@@ -46,11 +46,9 @@ def backoff_ms(delays_ms: Iterable[int], attempt: int) -> int:
 
 
 class WholeRun(inflight.Run, Protocol):
-    """A run a settlement named whole: its row's fields, its id, its topic's id and trace
-    flag, and its partition's number."""
+    """A run a settlement named whole: its row's fields, its topic's id and trace flag, and its
+    partition's number."""
 
-    @property
-    def id(self) -> int: ...
     @property
     def topic_id(self) -> int: ...
     @property
@@ -59,7 +57,8 @@ class WholeRun(inflight.Run, Protocol):
     def trace(self) -> bool: ...
 
 
-def _exhausted(group: models.ConsumerGroup, attempt: int) -> bool:
+def exhausted(group: models.ConsumerGroup, attempt: int) -> bool:
+    """Whether a failed attempt goes to the dead letters, not to another retry."""
     return attempt >= group.max_attempts
 
 
@@ -75,7 +74,7 @@ def waits_whole(run: WholeRun, group: models.ConsumerGroup) -> bool:
     return (
         run.state == models.InFlight.State.DELIVERED
         and not run.trace
-        and not _exhausted(group, run.attempt)
+        and not exhausted(group, run.attempt)
     )
 
 
@@ -87,10 +86,11 @@ def wait_runs(
     delay_ms: int | None,
     now: int,
 ) -> None:
-    """fail() of whole runs that waits_whole() allows, for a nack: each waits for its retry as
-    one row, as a leaver's release leaves one (the delivery splits it when it comes due), and
-    each message's retry_scheduled event is recorded (for every topic, as fail() records it).
-    Caller holds the runs' group offset locks."""
+    """fail() of whole delivered runs short of the dead letters, for a nack (those waits_whole()
+    allows) or an expired deadline: each waits for its retry as one row, as a leaver's release
+    leaves one (the delivery hands it out again whole), and each message's retry_scheduled
+    event is recorded (for every topic, as fail() records it). Caller holds the runs' group
+    offset locks."""
     error = error[:MAX_ERROR_CHARS]
     by_due: dict[int, list[WholeRun]] = {}
     for run in runs:
@@ -135,13 +135,13 @@ def fail(
     Caller holds the rows' group offset locks. Returns how many went to the dead-letter queue.
     """
     error = error[:MAX_ERROR_CHARS]
-    waiting, exhausted, events = [], [], []
+    waiting, dead, events = [], [], []
     for row in rows:
         row.last_error = error
         if event == "nacked" and topic.trace:
             events.append(_event(topic, row, group, "nacked", now, error=error))
-        if _exhausted(group, row.attempt):
-            exhausted.append(row)
+        if exhausted(group, row.attempt):
+            dead.append(row)
             continue
         row.state = models.InFlight.State.RETRY_WAIT
         row.deadline_ms = now + _wait_ms(group, row.attempt, delay_ms)
@@ -151,8 +151,8 @@ def fail(
         )
     models.InFlight.objects.bulk_update(waiting, ["state", "deadline_ms", "last_error"])
     trace.record(events)
-    dead_letter_rows(exhausted, group, topic, "max_attempts", now)
-    return len(exhausted)
+    dead_letter_rows(dead, group, topic, "max_attempts", now)
+    return len(dead)
 
 
 def _event(

@@ -151,11 +151,11 @@ def test_extend_deadlines__a_whole_run_keeps_its_row(topic_factory, console):
     assert (result.settled, result.stale) == (6, ())
     assert runs() == [(0, 5, "delivered")]
     assert models.InFlight.objects.get().deadline_ms > log.now_ms() + 500_000
-    # Part of it: those named are split out and moved, the rest keep their deadline.
+    # Part of it: those named are carved out and moved, the rest stay runs with their deadline.
     delivery.extend_deadlines(console, "g", [got[1].receipt], 900_000)
-    assert runs() == [(o, o, "delivered") for o in range(6)]
+    assert runs() == [(0, 0, "delivered"), (1, 1, "delivered"), (2, 5, "delivered")]
     deadlines = dict(models.InFlight.objects.values_list("offset", "deadline_ms"))
-    assert deadlines[1] > log.now_ms() + 800_000 > deadlines[0] == deadlines[5]
+    assert deadlines[1] > log.now_ms() + 800_000 > deadlines[0] == deadlines[2]
     # A message waiting for its retry is stale to an extend, alone in its row or not.
     delivery.nack_messages(console, "g", [got[2].receipt], delay_ms=60_000)
     result = delivery.extend_deadlines(console, "g", [got[2].receipt, got[3].receipt], 60_000)
@@ -375,12 +375,121 @@ def test_nack_messages__a_whole_run_waits_as_one_row(topic_factory, console):
         (event,) = trace.get_trace(console, topic, 0, offset)
         assert (event.event, event.attempt) == ("retry_scheduled", 1)
         assert event.detail == {"due_ms": row.deadline_ms, "error": "boom"}
-    # Due at once: the retries go out one message at a time, each a second attempt.
+    # Due at once: the run goes out again whole, as one row, each message a second attempt.
     models.InFlight.objects.update(deadline_ms=0)
     again = deliver(console, topic)
     assert [(d.message.offset, d.attempt) for d in again] == [(0, 2), (1, 2), (2, 2)]
+    assert runs() == [(0, 2, "delivered")]
     assert delivery.ack_messages(console, "g", [d.receipt for d in again]).settled == 3
     assert committed("g", topic).committed_offset == 3
+
+
+def test_nack_messages__a_big_batch_records_every_retry(topic_factory, console):
+    """250 retry events: on PostgreSQL more than bulk.insert_rows sends as an INSERT (COPY)."""
+    from broker.core import bulk, trace
+
+    assert bulk.PG_COPY_MIN_ROWS <= 250
+    topic = topic_factory().name
+    produce(console, topic, 250)
+    joined(console, topic)
+    got = deliver(console, topic, n=250)
+    assert delivery.nack_messages(console, "g", [d.receipt for d in got], error="é\n").settled
+    (row,) = models.InFlight.objects.all()
+    for offset in (0, 249):
+        (event,) = trace.get_trace(console, topic, 0, offset)
+        assert (event.event, event.attempt, event.group) == ("retry_scheduled", 1, "g")
+        assert event.detail == {"due_ms": row.deadline_ms, "error": "é\n"}
+
+
+def _waiting_run(console, topic, count):
+    """A run of count messages nacked whole, due at once."""
+    produce(console, topic, count)
+    joined(console, topic)
+    got = deliver(console, topic)
+    assert delivery.nack_messages(console, "g", [d.receipt for d in got], delay_ms=0).settled
+    assert runs() == [(0, count - 1, "retry_wait")]
+
+
+def test_deliver_messages__a_due_run_past_the_room_goes_out_in_front_pieces(topic_factory, console):
+    topic = topic_factory().name
+    _waiting_run(console, topic, 5)
+    first = deliver(console, topic, n=2)
+    assert [(d.message.offset, d.attempt) for d in first] == [(0, 2), (1, 2)]
+    # The rest waits on as a run of its own, still due, with its error.
+    assert runs() == [(0, 1, "delivered"), (2, 4, "retry_wait")]
+    rest = models.InFlight.objects.get(offset=2)
+    assert (rest.attempt, rest.deadline_ms > 0) == (1, True)
+    second = deliver(console, topic, n=10)
+    assert [(d.message.offset, d.attempt) for d in second] == [(2, 2), (3, 2), (4, 2)]
+    assert runs() == [(0, 1, "delivered"), (2, 4, "delivered")]
+    receipts = [d.receipt for d in second + first]
+    assert delivery.ack_messages(console, "g", receipts).settled == 5
+    assert runs() == []
+    assert committed("g", topic).committed_offset == 5
+
+
+def test_deliver_messages__due_runs_and_single_retries_share_the_room(topic_factory, console):
+    topic = topic_factory().name
+    produce(console, topic, 6)
+    joined(console, topic)
+    got = deliver(console, topic, n=3) + deliver(console, topic, n=3)
+    # 0-2 wait as a run, 4 alone (part of a run), 3 and 5 stay delivered.
+    delivery.nack_messages(console, "g", [d.receipt for d in got[:3]], delay_ms=0)
+    delivery.nack_messages(console, "g", [got[4].receipt], delay_ms=0)
+    assert runs() == [
+        (0, 2, "retry_wait"),
+        (3, 3, "delivered"),
+        (4, 4, "retry_wait"),
+        (5, 5, "delivered"),
+    ]
+    again = deliver(console, topic, n=4)
+    assert sorted(d.message.offset for d in again) == [0, 1, 2, 4]
+    assert all(d.attempt == 2 for d in again)
+    receipts = [d.receipt for d in again] + [got[3].receipt, got[5].receipt]
+    assert delivery.ack_messages(console, "g", receipts).settled == 6
+    assert committed("g", topic).committed_offset == 6
+
+
+def test_deliver_messages__a_due_run_auto_acked_in_part_leaves_the_rest_waiting(
+    topic_factory, console
+):
+    topic = topic_factory().name
+    _waiting_run(console, topic, 4)
+    first = deliver(console, topic, n=3, auto_ack=True)
+    assert [d.message.offset for d in first] == [0, 1, 2]
+    assert runs() == [(3, 3, "retry_wait")]
+    assert committed("g", topic).committed_offset == 3
+    (last,) = deliver(console, topic, auto_ack=True)
+    assert (last.message.offset, last.attempt) == (3, 2)
+    assert runs() == []
+    assert committed("g", topic).committed_offset == 4
+
+
+def test_deliver_messages__a_due_run_with_a_message_past_its_ttl_is_split(topic_factory, console):
+    topic = topic_factory().name
+    _waiting_run(console, topic, 3)
+    # Offset 1 is old enough to be past a TTL of 1 s; its neighbours are not.
+    mine = models.Message.objects.filter(partition__topic__name=topic)
+    mine.filter(offset=1).update(timestamp_ms=log.now_ms() - 60_000)
+    models.Topic.objects.filter(name=topic).update(message_ttl_ms=1_000)
+    result = delivery.deliver_messages(console, "g", topic, "m", 100)
+    assert [(d.message.offset, d.attempt) for d in result.deliveries] == [(0, 2), (2, 2)]
+    assert result.expired == 1
+    (letter,) = retries.list_dead_letters(console, "g", reason="expired").items
+    assert letter.offset == 1
+    assert runs() == [(0, 0, "delivered"), (2, 2, "delivered")]
+    assert delivery.ack_messages(console, "g", [d.receipt for d in result.deliveries]).settled == 2
+    assert committed("g", topic).committed_offset == 3
+
+
+def test_deliver_messages__a_due_run_with_a_message_removed_is_split(topic_factory, console):
+    topic = topic_factory().name
+    _waiting_run(console, topic, 3)
+    models.Message.objects.filter(partition__topic__name=topic, offset=0).delete()
+    again = deliver(console, topic)
+    assert [(d.message.offset, d.attempt) for d in again] == [(1, 2), (2, 2)]
+    (letter,) = retries.list_dead_letters(console, "g", reason="removed").items
+    assert (letter.offset, letter.attempts) == (0, 1)
 
 
 def test_nack_messages__middle_of_a_run(topic_factory, console):
@@ -392,6 +501,44 @@ def test_nack_messages__middle_of_a_run(topic_factory, console):
     assert runs() == [(0, 0, "delivered"), (1, 1, "retry_wait"), (2, 2, "delivered")]
     result = delivery.extend_deadlines(console, "g", [got[0].receipt, got[1].receipt], 60_000)
     assert (result.settled, result.stale) == (1, (got[1].receipt,))
+
+
+def test_settling_part_of_a_run__carves_out_what_it_names(topic_factory, console):
+    """A nack, reject, release or extend of some messages of a batch makes rows of those only;
+    the rest of the batch stays runs, and settles whole."""
+    topic = topic_factory().name
+    produce(console, topic, 10)
+    joined(console, topic)
+    got = deliver(console, topic)
+    delivery.nack_messages(console, "g", [got[2].receipt], delay_ms=60_000)
+    assert runs() == [(0, 1, "delivered"), (2, 2, "retry_wait"), (3, 9, "delivered")]
+    delivery.reject_messages(console, "g", [got[5].receipt, got[6].receipt])
+    assert runs() == [
+        (0, 1, "delivered"),
+        (2, 2, "retry_wait"),
+        (3, 4, "delivered"),
+        (7, 9, "delivered"),
+    ]
+    result = delivery.extend_deadlines(console, "g", [got[8].receipt], 60_000)
+    assert result.settled == 1
+    assert runs() == [
+        (0, 1, "delivered"),
+        (2, 2, "retry_wait"),
+        (3, 4, "delivered"),
+        (7, 7, "delivered"),
+        (8, 8, "delivered"),
+        (9, 9, "delivered"),
+    ]
+    assert delivery.release_messages(console, "g", [got[0].receipt]).settled == 1
+    assert (0, 0, "retry_wait") in runs()
+    assert (1, 1, "delivered") in runs()
+    # Every receipt left still settles its message.
+    rest = [got[i].receipt for i in (1, 3, 4, 7, 8, 9)]
+    assert delivery.ack_messages(console, "g", rest).settled == 6
+    assert runs() == [(0, 0, "retry_wait"), (2, 2, "retry_wait")]
+    assert committed("g", topic).committed_offset == 0
+    (letter, other) = sorted(retries.list_dead_letters(console, "g").items, key=lambda d: d.offset)
+    assert (letter.offset, other.offset, letter.reason) == (5, 6, "rejected")
 
 
 def test_ack_messages__wrong_token_is_stale(topic_factory, console):
@@ -419,16 +566,52 @@ def test_ack_messages__malformed_receipt_is_refused(topic_factory, console, garb
     assert runs() == [(0, 0, "delivered")]
 
 
-def test_redeliver_expired__splits_runs(topic_factory, console):
-    topic = topic_factory().name
+def test_redeliver_expired__a_whole_run_waits_as_one_row(topic_factory, console):
+    from broker.core import trace
+
+    topic = topic_factory(trace=True).name
     produce(console, topic, 3)
     joined(console, topic)
     groups.configure_group(console, "g", retry_delays_ms=[0])
     deliver(console, topic)
     models.InFlight.objects.update(deadline_ms=log.now_ms() - 1)
     assert delivery.redeliver_expired() == 3
+    assert runs() == [(0, 2, "retry_wait")]
+    (row,) = models.InFlight.objects.all()
+    assert (row.attempt, row.last_error) == (1, "ack deadline passed")
+    for offset in range(3):
+        *_, event = trace.get_trace(console, topic, 0, offset)
+        assert (event.event, event.attempt) == ("retry_scheduled", 1)
+        assert event.detail == {"due_ms": row.deadline_ms, "error": "ack deadline passed"}
     again = deliver(console, topic)
     assert [(d.message.offset, d.attempt) for d in again] == [(0, 2), (1, 2), (2, 2)]
+    assert runs() == [(0, 2, "delivered")]
+    assert delivery.ack_messages(console, "g", [d.receipt for d in again]).settled == 3
+    assert committed("g", topic).committed_offset == 3
+
+
+def test_redeliver_expired__a_run_out_of_attempts_is_dead_lettered(topic_factory, console):
+    topic = topic_factory().name
+    produce(console, topic, 5)
+    joined(console, topic)
+    groups.configure_group(console, "g", max_attempts=2, retry_delays_ms=[0])
+    deliver(console, topic, n=2)
+    second = deliver(console, topic, n=3)
+    # 2-4 fail once and come back as second attempts, then both runs outlive their deadline.
+    delivery.nack_messages(console, "g", [d.receipt for d in second])
+    models.InFlight.objects.filter(offset=2).update(deadline_ms=0)
+    assert [d.attempt for d in deliver(console, topic)] == [2, 2, 2]
+    models.InFlight.objects.update(deadline_ms=log.now_ms() - 1)
+    assert delivery.redeliver_expired() == 5
+    # The first run waits for its second attempt; the other is out of attempts.
+    assert runs() == [(0, 1, "retry_wait")]
+    letters = retries.list_dead_letters(console, "g").items
+    assert sorted((d.offset, d.reason, d.attempts) for d in letters) == [
+        (2, "max_attempts", 2),
+        (3, "max_attempts", 2),
+        (4, "max_attempts", 2),
+    ]
+    assert committed("g", topic).committed_offset == 0
 
 
 def test_join_group__rejoin_releases_in_flight(topic_factory, console):

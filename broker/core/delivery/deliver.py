@@ -328,6 +328,21 @@ def _any_due(batch: "_Batch", partition_ids: list[int]) -> bool:
     return bool(bulk.run(sql, params))
 
 
+def _read_spans(
+    due: list[models.InFlight], spans: dict[int, int]
+) -> dict[int, dict[int, StoredMessage]]:
+    """The stored messages of each due row from its offset to its span's end, by partition."""
+    wanted: dict[int, list[int]] = {}
+    numbers: dict[int, int] = {}
+    for row in due:
+        wanted.setdefault(row.partition_id, []).extend(range(row.offset, spans[row.id] + 1))
+        numbers[row.partition_id] = row.partition.number
+    return {
+        pid: inflight.read_at(pid, numbers[pid], offsets) if offsets else {}
+        for pid, offsets in wanted.items()
+    }
+
+
 class _Batch:
     """One delivery's working set. Used inside deliver_messages' transaction, under its locks."""
 
@@ -350,6 +365,7 @@ class _Batch:
         self.deliveries: list[Delivery] = []
         self.new_rows: list[tuple[object, ...]] = []
         self.redelivered: list[models.InFlight] = []
+        self.rest: list[tuple[object, ...]] = []
         self.events: list[models.TraceEvent] = []
         self.filtered = 0
         self.expired = 0
@@ -411,11 +427,20 @@ class _Batch:
             due = list(waiting.order_by("deadline_ms", "id")[: self.max_messages])
             if not due:
                 return
-            runs = [row for row in due if row.last_offset > row.offset]
-            if runs:
-                # Retries go out one message at a time: split the runs that came due.
-                inflight._split(runs)
+            spans = self._spans(due)
+            found = _read_spans(due, spans)
+            # A run goes out whole, unless retention removed one of its messages or one is past
+            # its TTL: that one is split first, and its messages dead-lettered one by one.
+            broken = [
+                row
+                for row in due
+                if row.last_offset > row.offset and not self._all_fresh(row, spans, found)
+            ]
+            if broken:
+                inflight._split(broken)
                 due = list(waiting.order_by("deadline_ms", "id")[: self.max_messages])
+                spans = self._spans(due)
+                found = _read_spans(due, spans)
         else:
             inflight._split(list(waiting.filter(last_offset__gt=F("offset"))))
             # One message of a partition in flight at most: its lowest row, if any, blocks it.
@@ -428,35 +453,78 @@ class _Batch:
                 for row in lowest.values()
                 if row.state == models.InFlight.State.RETRY_WAIT and row.deadline_ms <= self.now
             ]
-        by_partition: dict[int, list[models.InFlight]] = {}
-        for row in due:
-            by_partition.setdefault(row.partition_id, []).append(row)
+            spans = {row.id: row.offset for row in due}
+            found = _read_spans(due, spans)
         gone, expired = [], []
-        for pid, rows in by_partition.items():
-            found = inflight.read_at(pid, rows[0].partition.number, [r.offset for r in rows])
-            for row in rows:
-                m = found.get(row.offset)
-                if m is None:
-                    # Retention or drop_oldest removed it before the group settled it: it is
-                    # dead-lettered by its coordinates, never dropped without a record.
-                    gone.append(row)
-                elif self._expired(m):
-                    expired.append(row)
-                elif self.room > 0:
-                    row.state = models.InFlight.State.DELIVERED
-                    row.attempt += 1
-                    row.member_id = self.member.member_id
-                    row.token = self.token
-                    row.deadline_ms = self.deadline_ms
-                    self.redelivered.append(row)
-                    self._hand_out(
-                        m, inflight.receipt(self.token, row.partition_id, row.offset), row.attempt
-                    )
+        for row in due:
+            messages = found[row.partition_id]
+            if row.last_offset > row.offset:
+                self._redeliver_run(row, spans[row.id], messages)
+                continue
+            m = messages.get(row.offset)
+            if m is None:
+                # Retention or drop_oldest removed it before the group settled it: it is
+                # dead-lettered by its coordinates, never dropped without a record.
+                gone.append(row)
+            elif self._expired(m):
+                expired.append(row)
+            elif self.room > 0:
+                self._redeliver(row)
+                self._hand_out(
+                    m, inflight.receipt(self.token, row.partition_id, row.offset), row.attempt
+                )
         self.deleted = self.deleted or bool(gone or expired)
         self.expired += len(expired)
         self.removed += len(gone)
         retries.dead_letter_rows(expired, self.group, self.topic, "expired", self.now)
         retries.dead_letter_rows(gone, self.group, self.topic, "removed", self.now)
+
+    def _spans(self, due: list[models.InFlight]) -> dict[int, int]:
+        """The last offset of each due row to read: a single row's own, and a run's as far as
+        the room left after the rows before it (a run past the room is not read: offset - 1)."""
+        left, spans = self.room, {}
+        for row in due:
+            last = row.offset if row.last_offset == row.offset else row.offset + left - 1
+            spans[row.id] = min(row.last_offset, last)
+            left -= max(0, spans[row.id] - row.offset + 1)
+        return spans
+
+    def _all_fresh(
+        self,
+        run: models.InFlight,
+        spans: dict[int, int],
+        found: dict[int, dict[int, StoredMessage]],
+    ) -> bool:
+        messages = found[run.partition_id]
+        for offset in range(run.offset, spans[run.id] + 1):
+            m = messages.get(offset)
+            if m is None or self._expired(m):
+                return False
+        return True
+
+    def _redeliver(self, row: models.InFlight) -> None:
+        row.state = models.InFlight.State.DELIVERED
+        row.attempt += 1
+        row.member_id = self.member.member_id
+        row.token = self.token
+        row.deadline_ms = self.deadline_ms
+        self.redelivered.append(row)
+
+    def _redeliver_run(
+        self, run: models.InFlight, read_to: int, messages: dict[int, StoredMessage]
+    ) -> None:
+        """Redeliver a due run whole as one row, or its front as far as the room goes: the rest
+        waits on as a run of its own (docs/architecture.md#in-flight-by-runs)."""
+        last = min(read_to, run.offset + self.room - 1)
+        if last < run.offset:
+            return
+        if last < run.last_offset:
+            self.rest.append(inflight.piece(run, last + 1, run.last_offset))
+            run.last_offset = last
+        self._redeliver(run)
+        for offset in range(run.offset, last + 1):
+            receipt = inflight.receipt(self.token, run.partition_id, offset)
+            self._hand_out(messages[offset], receipt, run.attempt)
 
     def take_new(self, offsets: dict[inflight.OffsetKey, models.GroupOffset]) -> None:
         """Hand out messages never delivered, from each partition's delivered offset on."""
@@ -603,9 +671,13 @@ class _Batch:
         else:
             if self.redelivered:  # the ORM's checks cost even for none
                 models.InFlight.objects.bulk_update(
-                    self.redelivered, ["state", "attempt", "member_id", "token", "deadline_ms"]
+                    self.redelivered,
+                    ["last_offset", "state", "attempt", "member_id", "token", "deadline_ms"],
                 )
             bulk.insert_rows("broker_inflight", inflight.IN_FLIGHT_COLUMNS, self.new_rows)
+        # What the room left of the runs that came due waits on, even when the front was
+        # settled on delivery.
+        bulk.insert_rows("broker_inflight", inflight.IN_FLIGHT_COLUMNS, self.rest)
         trace.record(self.events)
 
 

@@ -52,8 +52,9 @@ def _validate_receipts(receipts: list[str]) -> list[str]:
     return list(dict.fromkeys(receipts))
 
 
-class _Named(NamedTuple):
-    """An in-flight run a settle call names, with its topic."""
+class NamedRun(NamedTuple):
+    """An in-flight run a settle call names (or the deadline sweep finds), with its topic:
+    a row of SELECT_RUNS."""
 
     id: int
     group_id: int
@@ -81,12 +82,15 @@ class _Named(NamedTuple):
 # Raw SQL on the ack hot path: no model instances for a thousand receipts. A receipt names
 # its partition and offset, so the rows come from the (group, partition, subscriber, offset)
 # index, one range per partition; the stored receipt must then match exactly.
-SELECT_NAMED = (
+SELECT_RUNS = (
     'SELECT i.id, i.group_id, i.partition_id, i.subscriber, i.token, i."offset", i.last_offset, '
     "i.member_id, i.attempt, i.state, p.number, t.id, t.name, t.trace, i.deadline_ms, i.last_error "
     "FROM broker_inflight i "
     "JOIN broker_partition p ON p.id = i.partition_id JOIN broker_topic t ON t.id = p.topic_id "
-    'WHERE i.group_id = %s AND i.partition_id = %s AND i."offset" <= %s AND i.last_offset >= %s'
+)
+SELECT_NAMED = (
+    SELECT_RUNS
+    + 'WHERE i.group_id = %s AND i.partition_id = %s AND i."offset" <= %s AND i.last_offset >= %s'
 )
 DELETE_IN_FLIGHT = {
     "sqlite": "DELETE FROM broker_inflight WHERE id IN (SELECT value FROM json_each(%s))",
@@ -147,15 +151,15 @@ def read_named_ahead(group_id: int, receipts: list[str]) -> None:
         bulk.read_ahead(SELECT_NAMED, params)
 
 
-def _named(group_id: int, receipts: list[str]) -> dict[_Named, list[tuple[str, int]]]:
+def _named(group_id: int, receipts: list[str]) -> dict[NamedRun, list[tuple[str, int]]]:
     """The runs the receipts name, each with its named (receipt, offset) pairs."""
     # By run id: hashing a run's fourteen fields once per receipt cost more than the rest.
-    found: dict[int, tuple[_Named, list[tuple[str, int]]]] = {}
+    found: dict[int, tuple[NamedRun, list[tuple[str, int]]]] = {}
     for params, named in _named_reads(group_id, receipts):
         # Runs of one token do not overlap; broadcast members' runs may share offsets.
-        by_token: dict[str, list[_Named]] = {}
+        by_token: dict[str, list[NamedRun]] = {}
         for row in bulk.run(SELECT_NAMED, params):
-            run = _Named._make((*row[:13], bool(row[13]), *row[14:]))
+            run = NamedRun._make((*row[:13], bool(row[13]), *row[14:]))
             by_token.setdefault(run.token, []).append(run)
         starts = {}
         for token, runs in by_token.items():
@@ -274,8 +278,8 @@ class _Settling:
 
     @staticmethod
     def _visible(
-        principal: Principal, found: dict[_Named, list[tuple[str, int]]]
-    ) -> dict[_Named, list[tuple[str, int]]]:
+        principal: Principal, found: dict[NamedRun, list[tuple[str, int]]]
+    ) -> dict[NamedRun, list[tuple[str, int]]]:
         """Runs on topics the principal may consume; others' receipts are stale to it."""
         return {
             run: named
@@ -284,17 +288,19 @@ class _Settling:
         }
 
     def single_rows(
-        self, runs: dict[_Named, list[tuple[str, int]]] | None = None
+        self, runs: dict[NamedRun, list[tuple[str, int]]] | None = None
     ) -> dict[int, tuple[models.Topic, list[models.InFlight]]]:
         """The named messages as one model row each, by topic (nack, reject, extend); of
         runs, some of self.runs, if given.
 
-        Splits the runs they are in first.
+        Carves them out of the runs they are in first (inflight.carve).
         """
         runs = self.runs if runs is None else runs
         if not runs:
             return {}
-        inflight._split(list(models.InFlight.objects.filter(id__in=[r.id for r in runs])))
+        inflight.carve(
+            (run, {offset for _, offset in named}) for run, named in runs.items() if run.size > 1
+        )
         match = Q(pk__in=[])
         for run, named in runs.items():
             match |= Q(
@@ -311,7 +317,7 @@ class _Settling:
         return out
 
     def delivered_rows(
-        self, runs: dict[_Named, list[tuple[str, int]]] | None = None
+        self, runs: dict[NamedRun, list[tuple[str, int]]] | None = None
     ) -> tuple[list[models.InFlight], list[models.InFlight]]:
         """The named messages' single rows (single_rows, of runs if given), and those still
         delivered: not waiting for a retry (extend, release)."""
@@ -423,8 +429,8 @@ def nack_messages(
         settling = _Settling(principal, group_name, receipts)
         group = settling.group
         # A delivered run nacked whole waits for its retry as one row: no split, one UPDATE.
-        whole: list[_Named] = []
-        part: dict[_Named, list[tuple[str, int]]] = {}
+        whole: list[NamedRun] = []
+        part: dict[NamedRun, list[tuple[str, int]]] = {}
         for run, named in settling.runs.items():
             if len(named) == run.size and retries.waits_whole(run, group):
                 whole.append(run)

@@ -7,8 +7,17 @@ from django.db.models import F, Q
 
 from broker import models
 from broker.core import bulk, events, inflight, log, retries
+from broker.core.delivery import settle
 
 SWEEP_BATCH = 1000
+DEADLINE_PASSED = "ack deadline passed"
+
+# A group's delivered runs past their deadline: the caller keeps those of the offset rows it
+# locked.
+EXPIRED_RUNS = (
+    settle.SELECT_RUNS
+    + 'WHERE i.group_id = %s AND i.state = %s AND i.deadline_ms < %s AND i.last_offset > i."offset"'
+)
 
 
 def redeliver_expired() -> int:
@@ -49,6 +58,17 @@ def _sweep_group(group_id: int, keys_: list[inflight.OffsetKey], now: int) -> in
         if group is None:
             return 0
         offsets = inflight.locked_offsets(keys_)
+        # Whole runs short of the dead letters wait for their retry as one row each, as a
+        # nack's do: a subscriber that died holding a prefetch of 400 leaves one row, not 400.
+        params = (group_id, models.InFlight.State.DELIVERED.value, now)
+        found = [settle.NamedRun(*row) for row in bulk.run(EXPIRED_RUNS, params)]
+        whole = [
+            run
+            for run in found
+            if (run.group_id, run.partition_id, run.subscriber) in offsets
+            and not retries.exhausted(group, run.attempt)
+        ]
+        retries.wait_runs(whole, group, error=DEADLINE_PASSED, delay_ms=None, now=now)
         match = Q()
         for g, p, s in offsets:
             match |= Q(group_id=g, partition_id=p, subscriber=s)
@@ -66,9 +86,9 @@ def _sweep_group(group_id: int, keys_: list[inflight.OffsetKey], now: int) -> in
                 group,
                 topic,
                 event="expired",
-                error="ack deadline passed",
+                error=DEADLINE_PASSED,
                 delay_ms=None,
                 now=now,
             )
         inflight.recompute_committed(offsets)
-    return len(rows)
+    return len(rows) + sum(run.size for run in whole)
