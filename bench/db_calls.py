@@ -17,7 +17,12 @@ embedded default, or on PostgreSQL under scripts/with-postgres.
 5. group commits of 1, 2 and 8 produce requests of 100 keyed 256-byte messages on a
    4-partition topic: CPU per commit and per message, the fixed cost of a commit against its
    cost per message (issue 18: spread over more processes, each commit groups fewer
-   requests).
+   requests);
+6. a failed batch: `nack_messages` of 100 delivered together (retry at once), then their
+   redelivery (`deliver_messages` of 100) and `ack_messages`, as a consumer that fails a batch
+   once meets them;
+7. a dead subscriber's batch: `redeliver_expired` (the deadline sweep) of the 400 it held,
+   then their redelivery and ack 100 at a time, as the member that takes over meets them.
 
     .venv/bin/python bench/db_calls.py [--calls 3000]
 """
@@ -171,6 +176,55 @@ def group_commits(calls: int) -> list[tuple[int, float]]:
     return out
 
 
+def retries(rounds: int) -> list[tuple[str, dict[str, float]]]:
+    """Parts 6 and 7: CPU per round of the retry paths, by call."""
+    from broker import models
+    from broker.core import delivery, groups, keys, membership, topics
+    from broker.core.log import append_messages
+    from broker.core.records import NewMessage
+
+    console = keys.CONSOLE
+    value = b'"' + b"x" * 254 + b'"'
+    out = []
+    for label, held in (("a failed batch of 100", 100), ("a dead subscriber's 400", 400)):
+        progress(f"{label}: {rounds} rounds")
+        topic = f"bench-calls-retries-{held}-{os.getpid()}-{time.time_ns()}"
+        topics.create_topic(console, topic, 1)
+        for _ in range(0, held * rounds, 1000):
+            append_messages(console, topic, [NewMessage(value=value) for _ in range(1000)])
+        membership.join_group(console, topic, topic, "m")
+        groups.configure_group(console, topic, retry_delays_ms=[0])
+        timings: dict[str, float] = {}
+        for _ in range(rounds):
+            got = delivery.deliver_messages(console, topic, topic, "m", held).deliveries
+            receipts = [d.receipt for d in got]
+            if held == 100:
+                cpu_us(timings, "nack", delivery.nack_messages, console, topic, receipts)
+            else:
+                # Their deadline passed: the sweep finds them as it would a minute later.
+                models.InFlight.objects.filter(token=got[0].receipt.split(".")[0]).update(
+                    deadline_ms=1
+                )
+                cpu_us(timings, "sweep", delivery.redeliver_expired)
+            for _ in range(held // 100):
+                again = cpu_us(
+                    timings,
+                    "redeliver",
+                    delivery.deliver_messages,
+                    console,
+                    topic,
+                    topic,
+                    "m",
+                    100,
+                ).deliveries
+                if len(again) != 100 or again[0].attempt != 2:
+                    raise SystemExit(f"{label}: not redelivered as second attempts")
+                receipts = [d.receipt for d in again]
+                cpu_us(timings, "ack", delivery.ack_messages, console, topic, receipts)
+        out.append((label, {name: t / rounds for name, t in timings.items()}))
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=3000, help="calls per part (default 3000)")
@@ -178,6 +232,9 @@ def main() -> int:
     setup_django(Path(tempfile.mkdtemp(prefix="ferry-bench-")))
     from django.db import connection
 
+    # The retries first: the sweep would also find the other parts' deliveries left in flight
+    # once their deadlines passed.
+    retried = retries(max(10, args.calls // 100))
     results = run(args.calls)
     print(f"\n== Database calls of the per-message path ({connection.vendor}) ==")
     print(f"command: .venv/bin/python bench/db_calls.py --calls {args.calls}")
@@ -190,6 +247,9 @@ def main() -> int:
             f"group commit of {requests} x 100    {per_commit:6.0f} µs CPU per commit, "
             f"{per_commit / (100 * requests):.1f} per message"
         )
+    for label, per_round in retried:
+        parts = ", ".join(f"{name} {t * 1e3:.1f}" for name, t in per_round.items())
+        print(f"{label:<28} {sum(per_round.values()) * 1e3:6.1f} ms CPU per round ({parts})")
     return 0
 
 
