@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
+import orjson
 from django.core.signals import setting_changed
 from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
 from django.db.backends.signals import connection_created
@@ -360,6 +361,12 @@ connection_created.connect(_hook_deferred, dispatch_uid="ferry.bulk.deferred")
 def _qmark(sql: str) -> str:
     """Django's SQLite placeholder rewrite ("%s" to "?", "%%" to "%"), once per statement."""
     return str(FORMAT_QMARK_REGEX.sub("?", sql)).replace("%%", "%")
+
+
+def id_array(ids: list[int]) -> Any:
+    """A list of ids as one parameter: "id = ANY(%s)" on PostgreSQL, and on SQLite
+    "id IN (SELECT value FROM json_each(%s))" (its text as JSON)."""
+    return orjson.dumps(ids).decode() if vendor() == "sqlite" else ids
 
 
 def _quoted(columns: Sequence[str]) -> str:

@@ -7,9 +7,8 @@ import bisect
 import itertools
 import threading
 from collections.abc import Callable, Hashable
-from typing import Any, NamedTuple, TypeVar, cast
+from typing import NamedTuple, TypeVar, cast
 
-import orjson
 from django.db.models import F, Q
 
 from broker import models
@@ -98,10 +97,6 @@ DELETE_IN_FLIGHT = {
 }
 
 
-def _array(values: list[Any]) -> Any:
-    return orjson.dumps(values).decode() if bulk.vendor() == "sqlite" else values
-
-
 _NamedReads = list[tuple[tuple[int, int, int, int], list[tuple[str, str, int]]]]
 T = TypeVar("T")
 # This thread's last answer of each _remembered function: a settlement looks at its receipts
@@ -187,7 +182,7 @@ def _receipt_partitions(receipts: list[str]) -> set[int]:
 def _delete_in_flight(ids: list[int]) -> None:
     if ids:
         # Nobody reads its rows: on PostgreSQL it goes with the next statement.
-        bulk.defer(DELETE_IN_FLIGHT[bulk.vendor()], (_array(ids),), table="broker_inflight")
+        bulk.defer(DELETE_IN_FLIGHT[bulk.vendor()], (bulk.id_array(ids),), table="broker_inflight")
 
 
 class LocksOutOfOrder(Exception):
