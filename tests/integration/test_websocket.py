@@ -337,3 +337,42 @@ def test_read_ahead__a_prefetch_2_subscriber_gets_each_message_once_and_the_rest
     # up as acks come): back with the group.
     assert waiting == list(range(acking, acking + 2 + 16))
     assert {state for *_, state in runs} == {"retry_wait"}
+
+
+def test_nack__a_failed_batch_comes_back_whole_and_one_failed_message_alone(
+    broker_url, key_factory, topic_factory
+):
+    """A subscriber that fails its whole batch gets it again, each message a second attempt;
+    one that then fails one message gets that one again. Every message is acked once."""
+    topic = topic_factory().name
+    _, secret = key_factory("admin:*")
+    with open_ws(broker_url, secret) as ws:
+        subscribe(ws, topic, prefetch=10)
+        send(ws, {"type": "publish", "topic": topic, "messages": [{"value": i} for i in range(10)]})
+
+        def take(count):
+            items = []
+            while len(items) < count:
+                items += recv_type(ws, "messages")["items"]
+            return items
+
+        first = take(10)
+        receipts = [m["receipt"] for m in first]
+        send(ws, {"type": "nack", "sub": "s", "receipts": receipts, "delay_ms": 0})
+        assert recv_type(ws, "nacked")["settled"] == 10
+        again = take(10)
+        assert sorted((m["offset"], m["attempt"]) for m in again) == [(o, 2) for o in range(10)]
+        send(ws, {"type": "nack", "sub": "s", "receipts": [again[4]["receipt"]], "delay_ms": 0})
+        assert recv_type(ws, "nacked")["settled"] == 1
+        (third,) = take(1)
+        assert (third["offset"], third["attempt"]) == (again[4]["offset"], 3)
+        rest = [m["receipt"] for m in again if m is not again[4]] + [third["receipt"]]
+        send(ws, {"type": "ack", "sub": "s", "receipts": rest})
+        assert recv_type(ws, "acked")["settled"] == 10
+    offsets = models.GroupOffset.objects.filter(partition__topic__name=topic)
+    assert [o.committed_offset for o in offsets] == [10]
+    assert not models.InFlight.objects.filter(partition__topic__name=topic).exists()
+    deadline = time.monotonic() + 10
+    while models.GroupMember.objects.exists():
+        assert time.monotonic() < deadline, "the subscription did not leave its group"
+        time.sleep(0.05)
