@@ -590,6 +590,27 @@ def test_redeliver_expired__a_whole_run_waits_as_one_row(topic_factory, console)
     assert committed("g", topic).committed_offset == 3
 
 
+def test_redeliver_expired__whole_runs_of_several_partitions(topic_factory, console):
+    topic = topic_factory(partitions=2).name
+    produce(console, topic, 3, partition=0)
+    produce(console, topic, 2, partition=1)
+    joined(console, topic)
+    groups.configure_group(console, "g", retry_delays_ms=[0])
+    assert len(deliver(console, topic)) == 5
+    models.InFlight.objects.update(deadline_ms=log.now_ms() - 1)
+    assert delivery.redeliver_expired() == 5
+    assert runs() == [(0, 1, "retry_wait"), (0, 2, "retry_wait")]
+    again = deliver(console, topic)
+    assert sorted((d.message.partition, d.message.offset, d.attempt) for d in again) == [
+        (0, 0, 2),
+        (0, 1, 2),
+        (0, 2, 2),
+        (1, 0, 2),
+        (1, 1, 2),
+    ]
+    assert delivery.ack_messages(console, "g", [d.receipt for d in again]).settled == 5
+
+
 def test_redeliver_expired__a_run_out_of_attempts_is_dead_lettered(topic_factory, console):
     topic = topic_factory().name
     produce(console, topic, 5)

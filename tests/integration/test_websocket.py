@@ -351,7 +351,7 @@ def test_nack__a_failed_batch_comes_back_whole_and_one_failed_message_alone(
         send(ws, {"type": "publish", "topic": topic, "messages": [{"value": i} for i in range(10)]})
 
         def take(count):
-            items = []
+            items: list[dict] = []
             while len(items) < count:
                 items += recv_type(ws, "messages")["items"]
             return items

@@ -12,12 +12,16 @@ from broker.core.delivery import settle
 SWEEP_BATCH = 1000
 DEADLINE_PASSED = "ack deadline passed"
 
-# A group's delivered runs past their deadline: the caller keeps those of the offset rows it
-# locked.
-EXPIRED_RUNS = (
-    settle.SELECT_RUNS
-    + 'WHERE i.group_id = %s AND i.state = %s AND i.deadline_ms < %s AND i.last_offset > i."offset"'
+# A group's delivered runs past their deadline, in some partitions (bulk.id_array): the caller
+# keeps those of the offset rows it locked.
+_EXPIRED_RUNS = (
+    settle.SELECT_RUNS + "WHERE i.group_id = %s AND i.state = %s AND i.deadline_ms < %s "
+    'AND i.last_offset > i."offset" AND i.partition_id '
 )
+EXPIRED_RUNS = {  # constants only
+    "sqlite": _EXPIRED_RUNS + "IN (SELECT value FROM json_each(%s))",  # noqa: S608
+    "postgresql": _EXPIRED_RUNS + "= ANY(%s)",
+}
 
 
 def redeliver_expired() -> int:
@@ -60,8 +64,9 @@ def _sweep_group(group_id: int, keys_: list[inflight.OffsetKey], now: int) -> in
         offsets = inflight.locked_offsets(keys_)
         # Whole runs short of the dead letters wait for their retry as one row each, as a
         # nack's do: a subscriber that died holding a prefetch of 400 leaves one row, not 400.
-        params = (group_id, models.InFlight.State.DELIVERED.value, now)
-        found = [settle.NamedRun(*row) for row in bulk.run(EXPIRED_RUNS, params)]
+        partitions = bulk.id_array(sorted({p for _, p, _ in offsets}))
+        params = (group_id, models.InFlight.State.DELIVERED.value, now, partitions)
+        found = [settle.NamedRun(*row) for row in bulk.run(EXPIRED_RUNS[bulk.vendor()], params)]
         whole = [
             run
             for run in found
