@@ -346,7 +346,10 @@ def test_deliver_messages__ordered_one_in_flight_per_partition(topic_factory):
     assert_all_committed("g")
 
 
-def test_redeliver_expired__races_acks_and_nacks(topic_factory):
+@pytest.mark.parametrize("batches", [False, True], ids=["by-message", "by-batch"])
+def test_redeliver_expired__races_acks_and_nacks(topic_factory, batches):
+    """by-batch: half the deliveries have one fate for the whole batch, so whole runs are
+    nacked, forgotten (the sweep makes them wait as one row) and handed out again whole."""
     topic = topic_factory(partitions=3)
     groups.configure_group(CONSOLE, "g", ack_deadline_ms=1000, max_attempts=3, retry_delays_ms=[0])
     produce(topic.name, 45, 3)
@@ -370,6 +373,9 @@ def test_redeliver_expired__races_acks_and_nacks(topic_factory):
             while not stop.is_set():
                 result = delivery.deliver_messages(CONSOLE, "g", topic.name, f"m{n}", 6)
                 actions = defaultdict(list)
+                fates = ["ack", "nack", "reject", "late", "forget"]
+                whole = rng.choices(fates, [50, 15, 5, 20, 10])[0]
+                one_fate = batches and rng.random() < 0.5
                 for d in result.deliveries:
                     with lock:
                         deliveries[(d.message.partition, d.message.offset)].append(
@@ -377,9 +383,7 @@ def test_redeliver_expired__races_acks_and_nacks(topic_factory):
                         )
                     # Acked, nacked, rejected, acked about when its deadline passes, or
                     # forgotten (the sweep retries it after the deadline).
-                    action = rng.choices(
-                        ["ack", "nack", "reject", "late", "forget"], [50, 15, 5, 20, 10]
-                    )[0]
+                    action = whole if one_fate else rng.choices(fates, [50, 15, 5, 20, 10])[0]
                     actions[action].append(d.receipt)
                 settle("ack", actions["ack"])
                 settle("nack", actions["nack"], error="boom", delay_ms=0)
