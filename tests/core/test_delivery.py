@@ -415,7 +415,7 @@ def test_deliver_messages__a_due_run_past_the_room_goes_out_in_front_pieces(topi
     _waiting_run(console, topic, 5)
     first = deliver(console, topic, n=2)
     assert [(d.message.offset, d.attempt) for d in first] == [(0, 2), (1, 2)]
-    # The rest waits on as a run of its own, still due, with its error.
+    # The rest waits on as a run of its own, still due, at the attempt it failed.
     assert runs() == [(0, 1, "delivered"), (2, 4, "retry_wait")]
     rest = models.InFlight.objects.get(offset=2)
     assert (rest.attempt, rest.deadline_ms > 0) == (1, True)

@@ -28,8 +28,6 @@ from broker.core import (
 )
 from broker.core.records import Delivery, DeliveryResult, Principal, StoredMessage
 
-State = models.InFlight.State
-
 # A poll reads at most this many messages past what a selective filter skips, then answers.
 SCAN_LIMIT = 10_000
 
@@ -542,7 +540,8 @@ class _Batch:
         if not self.redelivered:
             return
         ids = bulk.id_array([row.id for row in self.redelivered])
-        fields = (State.DELIVERED.value, self.member.member_id, self.token, self.deadline_ms)
+        delivered = models.InFlight.State.DELIVERED.value
+        fields = (delivered, self.member.member_id, self.token, self.deadline_ms)
         bulk.defer(REDELIVER[bulk.vendor()], (*fields, ids), table="broker_inflight")
         for row, last in self.shortened:
             bulk.defer(SHORTEN_RUN, (last, row.id), table="broker_inflight")
