@@ -364,9 +364,20 @@ def _qmark(sql: str) -> str:
 
 
 def id_array(ids: list[int]) -> Any:
-    """A list of ids as one parameter: "id = ANY(%s)" on PostgreSQL, and on SQLite
-    "id IN (SELECT value FROM json_each(%s))" (its text as JSON)."""
+    """A list of ids as one parameter, for a statement that tests "= ANY(%s)" (for_ids): on
+    SQLite its text as JSON."""
     return orjson.dumps(ids).decode() if vendor() == "sqlite" else ids
+
+
+def for_ids(sql: str) -> str:
+    """A statement written as PostgreSQL takes a list of ids as one parameter ("id = ANY(%s)",
+    id_array), for this connection: SQLite gets "id IN (SELECT value FROM json_each(%s))"."""
+    return _json_each(sql) if vendor() == "sqlite" else sql
+
+
+@functools.lru_cache(maxsize=256)
+def _json_each(sql: str) -> str:
+    return sql.replace("= ANY(%s)", "IN (SELECT value FROM json_each(%s))")
 
 
 def _quoted(columns: Sequence[str]) -> str:

@@ -119,16 +119,9 @@ def wait_runs(
 
 # In-flight rows made to wait for their retry, by id. Raw SQL with the caller's next statement:
 # the ORM's bulk_update of a nack's rows cost milliseconds.
-WAIT = {
-    "sqlite": (
-        "UPDATE broker_inflight SET state = %s, deadline_ms = %s, last_error = %s "
-        "WHERE id IN (SELECT value FROM json_each(%s))"
-    ),
-    "postgresql": (
-        "UPDATE broker_inflight SET state = %s, deadline_ms = %s, last_error = %s "
-        "WHERE id = ANY(%s)"
-    ),
-}
+WAIT = (  # bulk.for_ids
+    "UPDATE broker_inflight SET state = %s, deadline_ms = %s, last_error = %s WHERE id = ANY(%s)"
+)
 
 
 def _wait(ids_by_due: dict[int, list[int]], error: str) -> None:
@@ -136,7 +129,7 @@ def _wait(ids_by_due: dict[int, list[int]], error: str) -> None:
     state = models.InFlight.State.RETRY_WAIT.value
     for due, ids in ids_by_due.items():
         params = (state, due, error, bulk.id_array(ids))
-        bulk.defer(WAIT[bulk.vendor()], params, table="broker_inflight")
+        bulk.defer(bulk.for_ids(WAIT), params, table="broker_inflight")
 
 
 def fail(

@@ -353,16 +353,10 @@ def _read_spans(
 
 # The retries a delivery hands out again: its token, member and deadline, one attempt more.
 # Raw SQL with the delivery's next statement: the ORM's bulk_update cost several milliseconds.
-REDELIVER = {
-    "sqlite": (
-        "UPDATE broker_inflight SET state = %s, member_id = %s, token = %s, deadline_ms = %s, "
-        "attempt = attempt + 1 WHERE id IN (SELECT value FROM json_each(%s))"
-    ),
-    "postgresql": (
-        "UPDATE broker_inflight SET state = %s, member_id = %s, token = %s, deadline_ms = %s, "
-        "attempt = attempt + 1 WHERE id = ANY(%s)"
-    ),
-}
+REDELIVER = (  # bulk.for_ids
+    "UPDATE broker_inflight SET state = %s, member_id = %s, token = %s, deadline_ms = %s, "
+    "attempt = attempt + 1 WHERE id = ANY(%s)"
+)
 SHORTEN_RUN = "UPDATE broker_inflight SET last_offset = %s WHERE id = %s"
 
 
@@ -388,10 +382,10 @@ class _Batch:
         self.deliveries: list[Delivery] = []
         self.new_rows: list[tuple[object, ...]] = []
         self.redelivered: list[models.InFlight] = []
-        # Runs handed out in front pieces (the rest waits on as a row of self.rest): each
-        # with its new last offset.
+        # Runs handed out in front pieces: the rest of each waits on as a row of self.rest,
+        # the front (shortened, its new last offset set) goes out.
         self.rest: list[tuple[object, ...]] = []
-        self.shortened: list[tuple[models.InFlight, int]] = []
+        self.shortened: list[models.InFlight] = []
         self.events: list[models.TraceEvent] = []
         self.filtered = 0
         self.expired = 0
@@ -529,11 +523,9 @@ class _Batch:
         return True
 
     def _redeliver(self, row: models.InFlight) -> None:
-        row.state = models.InFlight.State.DELIVERED
+        """Hand the row out again: one attempt more here, and in the database with the rest of
+        the delivery's fields (_store_redelivered)."""
         row.attempt += 1
-        row.member_id = self.member.member_id
-        row.token = self.token
-        row.deadline_ms = self.deadline_ms
         self.redelivered.append(row)
 
     def _store_redelivered(self) -> None:
@@ -542,9 +534,9 @@ class _Batch:
         ids = bulk.id_array([row.id for row in self.redelivered])
         delivered = models.InFlight.State.DELIVERED.value
         fields = (delivered, self.member.member_id, self.token, self.deadline_ms)
-        bulk.defer(REDELIVER[bulk.vendor()], (*fields, ids), table="broker_inflight")
-        for row, last in self.shortened:
-            bulk.defer(SHORTEN_RUN, (last, row.id), table="broker_inflight")
+        bulk.defer(bulk.for_ids(REDELIVER), (*fields, ids), table="broker_inflight")
+        for row in self.shortened:
+            bulk.defer(SHORTEN_RUN, (row.last_offset, row.id), table="broker_inflight")
 
     def _redeliver_run(
         self, run: models.InFlight, read_to: int, messages: dict[int, StoredMessage]
@@ -557,7 +549,7 @@ class _Batch:
         if last < run.last_offset:
             self.rest.append(inflight.piece(run, last + 1, run.last_offset))
             run.last_offset = last
-            self.shortened.append((run, last))
+            self.shortened.append(run)
         self._redeliver(run)
         for offset in range(run.offset, last + 1):
             receipt = inflight.receipt(self.token, run.partition_id, offset)

@@ -91,10 +91,7 @@ SELECT_NAMED = (
     SELECT_RUNS
     + 'WHERE i.group_id = %s AND i.partition_id = %s AND i."offset" <= %s AND i.last_offset >= %s'
 )
-DELETE_IN_FLIGHT = {
-    "sqlite": "DELETE FROM broker_inflight WHERE id IN (SELECT value FROM json_each(%s))",
-    "postgresql": "DELETE FROM broker_inflight WHERE id = ANY(%s)",
-}
+DELETE_IN_FLIGHT = "DELETE FROM broker_inflight WHERE id = ANY(%s)"  # bulk.for_ids
 
 
 _NamedReads = list[tuple[tuple[int, int, int, int], list[tuple[str, str, int]]]]
@@ -182,7 +179,8 @@ def _receipt_partitions(receipts: list[str]) -> set[int]:
 def _delete_in_flight(ids: list[int]) -> None:
     if ids:
         # Nobody reads its rows: on PostgreSQL it goes with the next statement.
-        bulk.defer(DELETE_IN_FLIGHT[bulk.vendor()], (bulk.id_array(ids),), table="broker_inflight")
+        sql, params = bulk.for_ids(DELETE_IN_FLIGHT), (bulk.id_array(ids),)
+        bulk.defer(sql, params, table="broker_inflight")
 
 
 class LocksOutOfOrder(Exception):

@@ -12,16 +12,12 @@ from broker.core.delivery import settle
 SWEEP_BATCH = 1000
 DEADLINE_PASSED = "ack deadline passed"
 
-# A group's delivered runs past their deadline, in some partitions (bulk.id_array): the caller
-# keeps those of the offset rows it locked.
-_EXPIRED_RUNS = (
+# A group's delivered runs past their deadline, in some partitions (bulk.id_array, for_ids):
+# the caller keeps those of the offset rows it locked.
+EXPIRED_RUNS = (
     settle.SELECT_RUNS + "WHERE i.group_id = %s AND i.state = %s AND i.deadline_ms < %s "
-    'AND i.last_offset > i."offset" AND i.partition_id '
+    'AND i.last_offset > i."offset" AND i.partition_id = ANY(%s)'
 )
-EXPIRED_RUNS = {  # constants only
-    "sqlite": _EXPIRED_RUNS + "IN (SELECT value FROM json_each(%s))",  # noqa: S608
-    "postgresql": _EXPIRED_RUNS + "= ANY(%s)",
-}
 
 
 def redeliver_expired() -> int:
@@ -66,7 +62,7 @@ def _sweep_group(group_id: int, keys_: list[inflight.OffsetKey], now: int) -> in
         # nack's do: a subscriber that died holding a prefetch of 400 leaves one row, not 400.
         partitions = bulk.id_array(sorted({p for _, p, _ in offsets}))
         params = (group_id, models.InFlight.State.DELIVERED.value, now, partitions)
-        found = [settle.NamedRun(*row) for row in bulk.run(EXPIRED_RUNS[bulk.vendor()], params)]
+        found = [settle.NamedRun(*row) for row in bulk.run(bulk.for_ids(EXPIRED_RUNS), params)]
         whole = [
             run
             for run in found
