@@ -7,8 +7,18 @@ WebSocket: it plays Ferry's side of the prefetch-2 loop with nothing behind it. 
 frame gets `subscribed` and two one-message `messages` frames; each `ack` frame gets `acked`
 and one more one-message `messages` frame, shaped as Ferry's (docs/websocket.md). What that
 costs the server is the transport's share of a consumed message (no Channels, no database).
+
+WebSocket at /e2e: the least a durable broker can do for the end-to-end figure. A `subscribe`
+frame gets `subscribed` and makes the connection the subscriber; `publish` frames are appended
+to a file and flushed (fdatasync) in group commits on a worker thread, as Ferry's writer thread
+does, then each gets its `published` answer and the commit's messages go to the subscribers in
+one `messages` frame; an `ack` frame gets `acked`. No credit, no Channels, no database: the
+transport's and the disk's share of a message's trip (BARE_LOG_DIR names the log's directory).
 """
 
+import asyncio
+import os
+import tempfile
 import time
 from typing import Any
 
@@ -20,7 +30,10 @@ HEADERS = [(b"content-type", b"application/json"), (b"content-length", str(len(B
 
 async def application(scope: dict[str, Any], receive: Any, send: Any) -> None:
     if scope["type"] == "websocket":
-        await prefetch_two(receive, send)
+        if scope["path"].rstrip("/") == "/e2e":
+            await end_to_end(receive, send)
+        else:
+            await prefetch_two(receive, send)
         return
     if scope["type"] != "http":
         return
@@ -30,9 +43,8 @@ async def application(scope: dict[str, Any], receive: Any, send: Any) -> None:
     await send({"type": "http.response.body", "body": BODY})
 
 
-def _messages(sub: str, offset: int) -> str:
-    now = int(time.time() * 1000)
-    item: dict[str, Any] = {
+def _item(offset: int, value: Any, now: int) -> dict[str, Any]:
+    return {
         "partition": 0,
         "offset": offset,
         "timestamp_ms": now,
@@ -40,11 +52,15 @@ def _messages(sub: str, offset: int) -> str:
         "tag": None,
         "headers": {},
         "id": None,
-        "value": offset,
+        "value": value,
         "receipt": f"{offset:016x}.1.{offset:x}",
         "attempt": 1,
         "deadline_ms": now + 30_000,
     }
+
+
+def _messages(sub: str, offset: int) -> str:
+    item = _item(offset, offset, int(time.time() * 1000))
     return orjson.dumps({"type": "messages", "sub": sub, "items": [item]}).decode()
 
 
@@ -84,3 +100,97 @@ async def prefetch_two(receive: Any, send: Any) -> None:
         for _ in range(pushes):
             await send({"type": "websocket.send", "text": _messages(sub, offset)})
             offset += 1
+
+
+class _Log:
+    """An append-only file flushed in group commits: publishes that arrive while a flush runs
+    share the next one."""
+
+    def __init__(self) -> None:
+        directory = os.environ.get("BARE_LOG_DIR") or tempfile.gettempdir()
+        self.fd = os.open(
+            os.path.join(directory, f"bare-{os.getpid()}.log"),
+            os.O_WRONLY | os.O_CREAT | os.O_APPEND,
+            0o600,
+        )
+        self.offset = 0
+        self.pending: list[tuple[Any, Any, list[Any]]] = []  # (send, ref, values)
+        self.committing: asyncio.Future[None] | None = None
+        self.subscribers: dict[Any, str] = {}  # send -> sub
+
+    def _write(self, data: bytes) -> None:
+        os.write(self.fd, data)
+        os.fdatasync(self.fd)
+
+    def publish(self, send: Any, ref: Any, values: list[Any]) -> None:
+        self.pending.append((send, ref, values))
+        if self.committing is None:  # else the running commit's loop takes it next
+            self.committing = asyncio.ensure_future(self._commit())
+
+    async def _commit(self) -> None:
+        try:
+            while self.pending:
+                batch, self.pending = self.pending, []
+                data = orjson.dumps([values for _, _, values in batch])
+                await asyncio.get_running_loop().run_in_executor(None, self._write, data)
+                await self._answer(batch)
+        finally:
+            self.committing = None
+
+    async def _answer(self, batch: list[tuple[Any, Any, list[Any]]]) -> None:
+        now = int(time.time() * 1000)
+        items = []
+        for send, ref, values in batch:
+            results = []
+            for value in values:
+                items.append(_item(self.offset, value, now))
+                results.append({"partition": 0, "offset": self.offset, "duplicate": False})
+                self.offset += 1
+            answer = orjson.dumps({"type": "published", "ref": ref, "results": results})
+            await send({"type": "websocket.send", "text": answer.decode()})
+        for send, sub in list(self.subscribers.items()):
+            push = orjson.dumps({"type": "messages", "sub": sub, "items": items})
+            await send({"type": "websocket.send", "text": push.decode()})
+
+
+_log: _Log | None = None
+
+
+async def end_to_end(receive: Any, send: Any) -> None:
+    global _log
+    if _log is None:
+        _log = _Log()
+    log = _log
+    try:
+        while True:
+            event = await receive()
+            if event["type"] == "websocket.connect":
+                await send({"type": "websocket.accept"})
+                continue
+            if event["type"] != "websocket.receive":
+                return  # websocket.disconnect
+            frame = orjson.loads(event.get("text") or event.get("bytes") or b"{}")
+            kind, sub = frame.get("type"), frame.get("sub", "s")
+            if kind == "subscribe":
+                log.subscribers[send] = sub
+                answer = {"type": "subscribed", "ref": frame.get("ref"), "sub": sub}
+            elif kind == "publish":
+                values = [m.get("value") for m in frame.get("messages", ())]
+                # Not awaited: the connection reads its next frame while the flush runs.
+                log.publish(send, frame.get("ref"), values)
+                continue
+            elif kind == "ack":
+                settled = len(frame.get("receipts", ()))
+                answer = {
+                    "type": "acked",
+                    "ref": frame.get("ref"),
+                    "sub": sub,
+                    "settled": settled,
+                    "stale": [],
+                    "dead_lettered": 0,
+                }
+            else:
+                continue
+            await send({"type": "websocket.send", "text": orjson.dumps(answer).decode()})
+    finally:
+        log.subscribers.pop(send, None)

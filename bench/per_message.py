@@ -15,6 +15,8 @@ anyone can reproduce on the same machine:
 5. WebSocket consume with prefetch 2 and an ack frame per message, first against the bare app
    (the same frames, nothing behind them: the transport's floor), then against Ferry;
 6. end to end: single-message publish frames at 1,000 msgs/s to a WebSocket subscriber, p50/p99,
+   first against the bare app's durable forwarder (an append and fdatasync per group commit,
+   then the answer and the push: the transport's and the disk's share), then against Ferry:
    where the time went (the publish's answer, then the push), both processes' CPU, and the
    server's database calls from its /metrics: the calls each message cost, on the writer thread
    or the event loop, how busy the writer was and how long a call waited for it; and, on
@@ -312,9 +314,11 @@ def database_calls(url: str) -> dict[tuple[str, str], list[float]]:
 
 def start_bare(port: int, log_path: Path, server: str) -> subprocess.Popen[bytes]:
     command = server_command(server, port, "bare_asgi:application")
+    # The /e2e side's log is flushed beside the database's, on the same disk.
+    env = {**os.environ, "BARE_LOG_DIR": str(log_path.parent)}
     with open(log_path, "wb") as log_file:
         return subprocess.Popen(
-            command, cwd=ROOT / "bench", stdout=log_file, stderr=subprocess.STDOUT
+            command, cwd=ROOT / "bench", env=env, stdout=log_file, stderr=subprocess.STDOUT
         )
 
 
@@ -503,6 +507,19 @@ def run(args: argparse.Namespace, tmp: Path, fig: Figures) -> dict[str, float]:
         if "e2e" in args.only:
             e2e_rate = args.e2e_rate
             progress(f"end to end: {e2e_rate} single-message publishes/s for {LATENCY_SECONDS} s")
+            # The same run against the bare app's durable forwarder first: the transport's
+            # and the disk's share of the trip on this machine, beside which Ferry's is read.
+            cpu0, wall0 = cpu_seconds(bare.pid), time.time()
+            bare_ws = f"ws://127.0.0.1:{bare_port}/e2e"
+            bare_e2e = asyncio.run(end_to_end(bare_ws, secret, e2e_topic, e2e_rate)).arrived
+            bare_cpu, wall = cpu_seconds(bare.pid) - cpu0, time.time() - wall0
+            out["bare_e2e_p50"], out["bare_e2e_p99"] = p(bare_e2e, 0.5), p(bare_e2e, 0.99)
+            out["bare_e2e_cpu_ms"] = bare_cpu / len(bare_e2e) * 1000
+            fig.add(
+                f"bare end to end at {e2e_rate} msgs/s (flush, forward)",
+                f"p50 {p(bare_e2e, 0.5):.2f} ms, p99 {p(bare_e2e, 0.99):.2f} ms",
+                f"server CPU {out['bare_e2e_cpu_ms']:.3f} ms/msg, busy {bare_cpu / wall:.0%}",
+            )
             calls0 = database_calls(url)
             cpu0, client0, wall0 = cpu_seconds(server.pid), cpu_seconds(os.getpid()), time.time()
             with FlushProbe(tmp) as flushes:
@@ -531,7 +548,8 @@ def run(args: argparse.Namespace, tmp: Path, fig: Figures) -> dict[str, float]:
             fig.add(
                 "… CPU during it, server / bench client",
                 f"{cpu / len(e2e) * 1e3:.3f} / {client_cpu / len(e2e) * 1e3:.3f} ms/msg",
-                f"busy {cpu / wall:.0%} / {client_cpu / wall:.0%} of a core",
+                f"busy {cpu / wall:.0%} / {client_cpu / wall:.0%} of a core; server "
+                f"{cpu / len(e2e) * 1e3 / out['bare_e2e_cpu_ms']:.1f}x bare",
             )
             if connections["default"].vendor == "sqlite":
                 # On the embedded default each answer waits for a flush of this disk.
