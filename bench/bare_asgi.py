@@ -64,34 +64,42 @@ def _messages(sub: str, offset: int) -> str:
     return orjson.dumps({"type": "messages", "sub": sub, "items": [item]}).decode()
 
 
-async def prefetch_two(receive: Any, send: Any) -> None:
-    offset = 0
+async def _next_frame(receive: Any, send: Any) -> dict[str, Any] | None:
+    """The connection's next frame, parsed (the handshake accepted on the way); None once closed."""
     while True:
         event = await receive()
         if event["type"] == "websocket.connect":
             await send({"type": "websocket.accept"})
             continue
         if event["type"] != "websocket.receive":
-            return  # websocket.disconnect
-        frame = orjson.loads(event.get("text") or event.get("bytes") or b"{}")
+            return None  # websocket.disconnect
+        frame: dict[str, Any] = orjson.loads(event.get("text") or event.get("bytes") or b"{}")
+        return frame
+
+
+def _acked(frame: dict[str, Any], sub: str) -> bytes:
+    settled = len(frame.get("receipts", ()))
+    return orjson.dumps(
+        {
+            "type": "acked",
+            "ref": frame.get("ref"),
+            "sub": sub,
+            "settled": settled,
+            "stale": [],
+            "dead_lettered": 0,
+        }
+    )
+
+
+async def prefetch_two(receive: Any, send: Any) -> None:
+    offset = 0
+    while (frame := await _next_frame(receive, send)) is not None:
         sub = frame.get("sub", "s")
         if frame.get("type") == "subscribe":
             answers = [orjson.dumps({"type": "subscribed", "ref": frame.get("ref"), "sub": sub})]
             pushes = 2
         elif frame.get("type") == "ack":
-            settled = len(frame.get("receipts", ()))
-            answers = [
-                orjson.dumps(
-                    {
-                        "type": "acked",
-                        "ref": frame.get("ref"),
-                        "sub": sub,
-                        "settled": settled,
-                        "stale": [],
-                        "dead_lettered": 0,
-                    }
-                )
-            ]
+            answers = [_acked(frame, sub)]
             pushes = 1
         else:
             continue
@@ -162,35 +170,20 @@ async def end_to_end(receive: Any, send: Any) -> None:
         _log = _Log()
     log = _log
     try:
-        while True:
-            event = await receive()
-            if event["type"] == "websocket.connect":
-                await send({"type": "websocket.accept"})
-                continue
-            if event["type"] != "websocket.receive":
-                return  # websocket.disconnect
-            frame = orjson.loads(event.get("text") or event.get("bytes") or b"{}")
+        while (frame := await _next_frame(receive, send)) is not None:
             kind, sub = frame.get("type"), frame.get("sub", "s")
             if kind == "subscribe":
                 log.subscribers[send] = sub
-                answer = {"type": "subscribed", "ref": frame.get("ref"), "sub": sub}
+                answer = orjson.dumps({"type": "subscribed", "ref": frame.get("ref"), "sub": sub})
             elif kind == "publish":
                 values = [m.get("value") for m in frame.get("messages", ())]
                 # Not awaited: the connection reads its next frame while the flush runs.
                 log.publish(send, frame.get("ref"), values)
                 continue
             elif kind == "ack":
-                settled = len(frame.get("receipts", ()))
-                answer = {
-                    "type": "acked",
-                    "ref": frame.get("ref"),
-                    "sub": sub,
-                    "settled": settled,
-                    "stale": [],
-                    "dead_lettered": 0,
-                }
+                answer = _acked(frame, sub)
             else:
                 continue
-            await send({"type": "websocket.send", "text": orjson.dumps(answer).decode()})
+            await send({"type": "websocket.send", "text": answer.decode()})
     finally:
         log.subscribers.pop(send, None)
