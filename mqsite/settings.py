@@ -112,6 +112,10 @@ TEMPLATES = [
 ]
 
 
+# How long the connection pool keeps retrying one failed connect (see database_config).
+RECONNECT_SECONDS = 2.0
+
+
 def database_config() -> dict[str, Any]:
     """PostgreSQL from DATABASE_URL, else SQLite in WAL mode under FERRY_DATA_DIR."""
     url = os.environ.get("DATABASE_URL")
@@ -142,6 +146,11 @@ def database_config() -> dict[str, Any]:
                 "min_size": min(2, pool_size),
                 "max_size": pool_size,
                 "timeout": float(os.environ.get("FERRY_DB_POOL_TIMEOUT_SECONDS", "5")),
+                # psycopg_pool retries a failed connect after 1, 2, 4, 8 … s: after an outage
+                # of a few seconds the pool came back up to 8 s after the database did. An
+                # attempt now gives up after this long, and the next borrow starts a new one
+                # at once, so a process is back within about a second of the database.
+                "reconnect_timeout": RECONNECT_SECONDS,
             }
             config["CONN_HEALTH_CHECKS"] = True
         # dj_database_url's DBConfig TypedDict is a plain dict at run time.

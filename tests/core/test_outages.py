@@ -1,7 +1,11 @@
 """broker/core/outages.py: what a database failure means for the client, and the one retry on
 a new connection when PostgreSQL ended the old one before anything committed (issue 17)."""
 
+import contextlib
+import socket
 import sqlite3
+import threading
+import time
 
 import pytest
 from django.db import connection
@@ -11,6 +15,9 @@ from broker import models
 from broker.core import errors, log, outages
 from broker.core.records import NewMessage
 from tests.sessions import terminate_own_session
+
+# Longer than psycopg_pool's first three retries (1 + 2 + 4 s).
+OUTAGE_S = 8
 
 postgres_only = pytest.mark.skipif(
     connection.vendor != "postgresql", reason="only PostgreSQL ends sessions of its own accord"
@@ -99,3 +106,90 @@ def test_call_with_reconnect__not_again_once_a_commit_was_sent(topic_factory, co
 
     assert calls == [1]
     assert models.Message.objects.filter(partition__topic__name=topic.name).count() == 1
+
+
+class _Forwarder:
+    """A loopback port that forwards to the test's PostgreSQL once started: the database as a
+    pool sees it, unreachable (connection refused) until then."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self.target = target
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.stopping = threading.Event()
+        self.sockets: list[socket.socket] = []
+
+    def start(self) -> None:
+        listener = socket.create_server(("127.0.0.1", self.port))
+        listener.settimeout(0.1)
+        self.sockets.append(listener)
+        threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
+
+    def _accept(self, listener: socket.socket) -> None:
+        while not self.stopping.is_set():
+            try:
+                client, _ = listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            client.settimeout(None)
+            upstream = socket.create_connection(self.target)
+            self.sockets += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=_pipe, args=(a, b), daemon=True).start()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        for s in self.sockets:
+            with contextlib.suppress(OSError):
+                s.close()
+
+
+def _pipe(source: socket.socket, sink: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        while data := source.recv(65536):
+            sink.sendall(data)
+    with contextlib.suppress(OSError):
+        sink.shutdown(socket.SHUT_WR)
+
+
+@postgres_only
+def test_pool__back_within_a_second_or_so_of_the_database_after_a_long_outage():
+    """psycopg_pool retries a failed connect after 1, 2, 4, 8 … s, so a pool whose database was
+    away for 8 s came back up to 7 s after it did. With Ferry's settings an attempt gives up
+    after RECONNECT_SECONDS and the next borrow starts a new one at once (docs/operations.md)."""
+    from psycopg_pool import ConnectionPool, PoolTimeout
+
+    from mqsite import settings as site
+
+    params = connection.get_connection_params()
+    database = _Forwarder((params["host"], int(params["port"])))
+    pool = ConnectionPool(
+        kwargs={**params, "host": "127.0.0.1", "port": database.port, "autocommit": True},
+        open=False,
+        check=ConnectionPool.check_connection,
+        **site.database_config()["OPTIONS"]["pool"],
+    )
+    try:
+        pool.open(wait=False)
+        away_until = time.monotonic() + OUTAGE_S
+        while time.monotonic() < away_until:  # borrowers meanwhile, as a server has
+            with pytest.raises(PoolTimeout):
+                pool.getconn(timeout=0.5)
+        database.start()
+        back = time.monotonic()
+        while True:
+            try:
+                conn = pool.getconn(timeout=0.2)
+                break
+            except PoolTimeout:
+                assert time.monotonic() - back < 10, "the pool never came back"
+        back_s = time.monotonic() - back
+        assert conn.execute("SELECT 1").fetchone() == (1,)
+        pool.putconn(conn)
+    finally:
+        pool.close()
+        database.stop()
+    assert back_s < site.RECONNECT_SECONDS, back_s
