@@ -12,9 +12,19 @@ import time
 from django.db import close_old_connections
 
 from broker import settings as ferry_settings
-from broker.core import keys, periodic, processes
+from broker.core import keys, outages, periodic, processes
 
 logger = logging.getLogger(__name__)
+
+
+def _log_failure(what: str, exc: Exception) -> None:
+    """A database outage (docs/operations.md) is one line, as a failed request's is; anything
+    else is a bug, with its traceback."""
+    outage = outages.classify(exc)
+    if outage is None:
+        logger.exception("%s failed", what)
+    else:
+        logger.warning("%s: %s (%s); the next round retries", what, outage.code, exc)
 
 
 class Runner:
@@ -42,9 +52,9 @@ class Runner:
                     result = job.run()
                     if result:
                         logger.info("%s: %s", job.name, result)
-                except Exception:
+                except Exception as exc:
                     # One failing round must not stop the scheduler; the next round retries.
-                    logger.exception("background job %s failed", job.name)
+                    _log_failure(f"background job {job.name}", exc)
                 finally:
                     close_old_connections()
                 next_run[job.name] = time.monotonic() + job.interval_seconds
@@ -74,9 +84,9 @@ class Heartbeat:
         try:
             processes.heartbeat(self.kind)
             keys.flush_last_used()
-        except Exception:
+        except Exception as exc:
             # A busy or unreachable database must not end the thread; the next round retries.
-            logger.exception("process heartbeat failed")
+            _log_failure("process heartbeat", exc)
         finally:
             close_old_connections()
 

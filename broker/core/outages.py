@@ -28,11 +28,21 @@ CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
     InterfaceError,
     sqlite3.OperationalError,
 )
+# A borrow from the connection pool that timed out (mqsite/settings.py): the pool tried to
+# connect all that while, so no session was lost and running the call again would only wait
+# as long once more before the client hears 503.
+POOL_TIMEOUTS: tuple[type[BaseException], ...] = ()
 try:
     import psycopg
 
     ERRORS += (psycopg.Error,)
     CONNECTION_ERRORS += (psycopg.OperationalError, psycopg.InterfaceError)
+except ImportError:  # pragma: no cover -- SQLite only
+    pass
+try:
+    from psycopg_pool import PoolTimeout
+
+    POOL_TIMEOUTS += (PoolTimeout,)
 except ImportError:  # pragma: no cover -- SQLite only
     pass
 
@@ -82,9 +92,12 @@ def classify(exc: BaseException) -> errors.BrokerError | None:
 def is_lost_connection(exc: BaseException, conn: BaseDatabaseWrapper | None = None) -> bool:
     """Whether exc ended the connection (PostgreSQL ended the session, or the server is away).
 
-    Django's own test: after an error, a connection that no longer answers is unusable.
+    Django's own test: after an error, a connection that no longer answers is unusable. A
+    borrow that timed out waiting for the pool ended no connection.
     """
     if not isinstance(exc, CONNECTION_ERRORS) or is_disk_full(exc):
+        return False
+    if isinstance(exc, POOL_TIMEOUTS) or isinstance(exc.__cause__, POOL_TIMEOUTS):
         return False
     conn = conn or connection
     if conn.connection is None:

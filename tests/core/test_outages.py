@@ -6,6 +6,8 @@ import socket
 import sqlite3
 import threading
 import time
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from django.db import connection
@@ -61,6 +63,23 @@ def test_call_with_reconnect__an_error_of_a_usable_connection_is_not_retried(db)
     with pytest.raises(OperationalError):
         outages.call_with_reconnect(fails)
     assert calls == [1]
+
+
+def test_is_lost_connection__not_a_borrow_that_timed_out():
+    """The pool tried to connect for FERRY_DB_POOL_TIMEOUT_SECONDS: no session was lost, and
+    running the call again would only make the client wait as long again for its 503. A
+    connect that failed on its own (no pool) is lost, and cheap to try once more."""
+    pytest.importorskip("psycopg_pool")
+    from psycopg_pool import PoolTimeout
+
+    never_connected: Any = SimpleNamespace(connection=None)  # as Django leaves a failed connect
+    timed_out = OperationalError("couldn't get a connection after 5.00 sec")
+    timed_out.__cause__ = PoolTimeout("couldn't get a connection after 5.00 sec")
+    refused = OperationalError("connection to server at 127.0.0.1 failed: Connection refused")
+
+    assert not outages.is_lost_connection(timed_out, never_connected)
+    assert outages.is_lost_connection(refused, never_connected)
+    assert isinstance(outages.classify(timed_out), errors.Unavailable)
 
 
 @postgres_only

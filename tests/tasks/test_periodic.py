@@ -6,6 +6,7 @@ import orjson
 import pytest
 from celery.signals import worker_ready
 from channels.db import database_sync_to_async
+from django.db.utils import OperationalError
 
 from broker import background, models, tasks
 from broker.core import delivery, groups, keys, log, membership, periodic, redrives, trace
@@ -58,6 +59,32 @@ def test_runner__runs_jobs_repeatedly_and_survives_errors(settings, caplog):
     runner.stop()
     assert len(calls) >= 4
     assert "background job record failed" in caplog.text
+
+
+def unreachable_database() -> int:
+    raise OperationalError("connection to server at 127.0.0.1 failed: Connection refused")
+
+
+def test_runner__a_database_outage_is_one_line_a_round_without_a_traceback(settings, caplog):
+    """As a failed request's (docs/operations.md): the operator reads what is down, not a
+    traceback every second for as long as it is."""
+    settings.FERRY_RETENTION_INTERVAL_SECONDS = 0.02
+    job = periodic.Job(
+        "away", "tests.tasks.test_periodic.unreachable_database", "RETENTION_INTERVAL_SECONDS"
+    )
+    runner = background.Runner((job,))
+    runner.start()
+    deadline = time.monotonic() + 5
+    while "background job away" not in caplog.text and time.monotonic() < deadline:
+        time.sleep(0.01)
+    runner.stop()
+    lines = [r for r in caplog.records if r.getMessage().startswith("background job away")]
+    assert lines
+    assert all(r.levelname == "WARNING" and r.exc_info is None for r in lines)
+    assert lines[0].getMessage() == (
+        "background job away: unavailable (connection to server at 127.0.0.1 failed: "
+        "Connection refused); the next round retries"
+    )
 
 
 @pytest.mark.parametrize("name", [job.name for job in periodic.JOBS])
