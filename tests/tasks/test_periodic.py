@@ -1,6 +1,7 @@
 """The periodic table drives both runners: Celery beat and the in-process thread."""
 
 import time
+from collections.abc import Callable
 
 import orjson
 import pytest
@@ -46,17 +47,20 @@ def record_call() -> int:
     return len(calls)
 
 
-def test_runner__runs_jobs_repeatedly_and_survives_errors(settings, caplog):
+def run_job_until(settings, name: str, function: str, done: Callable[[], bool]) -> None:
+    """A Runner of one job every 20 ms, until done() (5 s at most)."""
     settings.FERRY_RETENTION_INTERVAL_SECONDS = 0.02
-    job = periodic.Job(
-        "record", "tests.tasks.test_periodic.record_call", "RETENTION_INTERVAL_SECONDS"
-    )
+    job = periodic.Job(name, f"tests.tasks.test_periodic.{function}", "RETENTION_INTERVAL_SECONDS")
     runner = background.Runner((job,))
     runner.start()
     deadline = time.monotonic() + 5
-    while len(calls) < 4 and time.monotonic() < deadline:
+    while not done() and time.monotonic() < deadline:
         time.sleep(0.01)
     runner.stop()
+
+
+def test_runner__runs_jobs_repeatedly_and_survives_errors(settings, caplog):
+    run_job_until(settings, "record", "record_call", lambda: len(calls) >= 4)
     assert len(calls) >= 4
     assert "background job record failed" in caplog.text
 
@@ -68,16 +72,9 @@ def unreachable_database() -> int:
 def test_runner__a_database_outage_is_one_line_a_round_without_a_traceback(settings, caplog):
     """As a failed request's (docs/operations.md): the operator reads what is down, not a
     traceback every second for as long as it is."""
-    settings.FERRY_RETENTION_INTERVAL_SECONDS = 0.02
-    job = periodic.Job(
-        "away", "tests.tasks.test_periodic.unreachable_database", "RETENTION_INTERVAL_SECONDS"
+    run_job_until(
+        settings, "away", "unreachable_database", lambda: "background job away" in caplog.text
     )
-    runner = background.Runner((job,))
-    runner.start()
-    deadline = time.monotonic() + 5
-    while "background job away" not in caplog.text and time.monotonic() < deadline:
-        time.sleep(0.01)
-    runner.stop()
     lines = [r for r in caplog.records if r.getMessage().startswith("background job away")]
     assert lines
     assert all(r.levelname == "WARNING" and r.exc_info is None for r in lines)
