@@ -18,13 +18,11 @@ logger = logging.getLogger(__name__)
 
 
 def _log_failure(what: str, exc: Exception) -> None:
-    """A database outage (docs/operations.md) is one line, as a failed request's is; anything
-    else is a bug, with its traceback."""
-    outage = outages.classify(exc)
-    if outage is None:
+    line = outages.outage_line(what, exc)
+    if line is None:
         logger.exception("%s failed", what)
     else:
-        logger.warning("%s: %s (%s); the next round retries", what, outage.code, exc)
+        logger.warning(line)
 
 
 class Runner:

@@ -89,6 +89,16 @@ def classify(exc: BaseException) -> errors.BrokerError | None:
     return None
 
 
+def outage_line(what: str, exc: BaseException) -> str | None:
+    """The one log line for a round of periodic work (a background job, the heartbeat) that met
+    an outage: as a failed request's, no traceback every round for as long as it lasts. None
+    when exc is not an outage (a bug: log its traceback)."""
+    outage = classify(exc)
+    if outage is None:
+        return None
+    return f"{what}: {outage.code} ({exc}); the next round retries"
+
+
 def is_lost_connection(exc: BaseException, conn: BaseDatabaseWrapper | None = None) -> bool:
     """Whether exc ended the connection (PostgreSQL ended the session, or the server is away).
 

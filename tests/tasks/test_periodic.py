@@ -84,6 +84,24 @@ def test_runner__a_database_outage_is_one_line_a_round_without_a_traceback(setti
     )
 
 
+def test_run_periodic_job__a_database_outage_is_one_line_and_a_bug_raises(monkeypatch, caplog):
+    """In a Celery worker as in the in-process runner: beat's next run retries."""
+    for name, function in (("away", "unreachable_database"), ("buggy", "record_call")):
+        job = periodic.Job(
+            name, f"tests.tasks.test_periodic.{function}", "RETENTION_INTERVAL_SECONDS"
+        )
+        monkeypatch.setitem(periodic.BY_NAME, name, job)
+    calls[:] = [1]  # record_call's second call raises its RuntimeError
+
+    assert tasks.run_periodic_job.apply(args=("away",)).get() is None
+    (line,) = [r for r in caplog.records if r.name == "broker.tasks"]
+    assert line.levelname == "WARNING"
+    assert line.exc_info is None
+    assert line.getMessage().startswith("periodic job away: unavailable (connection to server")
+    with pytest.raises(RuntimeError):
+        tasks.run_periodic_job.apply(args=("buggy",)).get()
+
+
 @pytest.mark.parametrize("name", [job.name for job in periodic.JOBS])
 def test_run_periodic_job__every_job_of_the_table_runs(name, db):
     # On an empty database each job finds nothing to do, and says so with a count.
