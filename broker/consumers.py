@@ -125,6 +125,12 @@ def _token(scope: Any) -> str | None:
     return query.get("token", [None])[0]
 
 
+def _traceback(exc: BaseException) -> BaseException | None:
+    """exc_info for a log line: a bug's traceback; none for an outage, whose line names it
+    (docs/operations.md: an outage is one line each, not a traceback)."""
+    return None if outages.classify(exc) is not None else exc
+
+
 def _failure(exc: BaseException, what: str) -> errors.BrokerError:
     """What an unexpected failure means for the client: an outage's own error (logged in one
     line, as the REST API does), else unavailable (a bug: logged with its traceback)."""
@@ -219,8 +225,12 @@ class BrokerConsumer(AsyncWebsocketConsumer):
             await self._send_frame({"type": "closing", "reason": "server shutting down"})
         try:
             await self._leave_all()
-        except Exception:
-            logger.exception("could not leave the groups of a closing connection")
+        except Exception as exc:
+            logger.error(
+                "could not leave the groups of a closing connection (%s)",
+                exc,
+                exc_info=_traceback(exc),
+            )
         with contextlib.suppress(Exception):
             await self.close(code=CLOSE_GOING_AWAY)
         # Twisted drops unwritten data when the reactor stops: wait for the client's close.
@@ -255,7 +265,7 @@ class BrokerConsumer(AsyncWebsocketConsumer):
         except StopConsumer:
             pass
         except Exception as exc:
-            logger.exception("WebSocket connection failed")
+            logger.error("WebSocket connection failed (%s)", exc, exc_info=_traceback(exc))
             code = CLOSE_GOING_AWAY if outages.classify(exc) else CLOSE_INTERNAL_ERROR
             with contextlib.suppress(Exception):
                 await self.close(code=code)
@@ -338,9 +348,11 @@ class BrokerConsumer(AsyncWebsocketConsumer):
                     await self._send_raw(_error(errors.Unauthenticated("The API key was revoked.")))
                     await self.close(code=CLOSE_UNAUTHENTICATED)
                 return
-            except Exception:
+            except Exception as exc:
                 # The database is away: the next check tries again.
-                logger.warning("could not check a WebSocket's key", exc_info=True)
+                logger.warning(
+                    "could not check a WebSocket's key (%s)", exc, exc_info=_traceback(exc)
+                )
 
     def _key_name(self) -> str | None:
         return self.principal.name if self.principal is not None else None
@@ -726,14 +738,15 @@ class BrokerConsumer(AsyncWebsocketConsumer):
                 s.group,
                 [d.receipt for d in deliveries],
             )
-        except Exception:
+        except Exception as exc:
             logger.warning(
-                "could not hand back %d messages read ahead for %s of %s; they come back "
+                "could not hand back %d messages read ahead for %s of %s (%s); they come back "
                 "after their ack deadline",
                 len(deliveries),
                 s.member_id,
                 s.group,
-                exc_info=True,
+                exc,
+                exc_info=_traceback(exc),
             )
 
     async def _hold_ack(
@@ -988,14 +1001,15 @@ class BrokerConsumer(AsyncWebsocketConsumer):
                 await dbthreads.run(membership.leave_group, self.principal, s.group, s.member_id)
             except errors.BrokerError:
                 pass  # gone already, or the key may no longer see it: expiry takes it
-            except Exception:
+            except Exception as exc:
                 logger.warning(
-                    "member %s of %s (subscription %s) could not leave; it expires after the "
-                    "session timeout",
+                    "member %s of %s (subscription %s) could not leave (%s); it expires after "
+                    "the session timeout",
                     s.member_id,
                     s.group,
                     s.sub,
-                    exc_info=True,
+                    exc,
+                    exc_info=_traceback(exc),
                 )
         if not any(other.topic_id == s.topic_id for other in self.subs.values()):
             await events.leave(events.topic_group(s.topic_id), self.channel_name)

@@ -504,6 +504,8 @@ def run_scenario(
     served_meanwhile: every client must also be served during the fault (Redis only carries
     wake-ups).
     """
+    logs = {url: server_log(url) for url in stack.urls}
+    logged_before = {url: log.stat().st_size for url, log in logs.items()}
     work = Workload(stack, name, value_bytes)
     work.start()
     try:
@@ -544,6 +546,12 @@ def run_scenario(
     check_storage(stack, work.topic, stored)
     check_members(stack, work)
     assert not work.problems, work.problems[:20]
+    # docs/operations.md: an outage is one line for each thing that met it, no traceback.
+    for url, log in logs.items():
+        with log.open("rb") as f:
+            f.seek(logged_before[url])
+            written = f.read().decode(errors="replace")
+        assert "Traceback" not in written, written[written.index("Traceback") - 300 :][:3000]
     return {"back_s": back, "stored": len(stored), "outage_errors": work.outage_errors}
 
 
