@@ -125,10 +125,15 @@ def _token(scope: Any) -> str | None:
     return query.get("token", [None])[0]
 
 
-def _traceback(exc: BaseException) -> BaseException | None:
-    """exc_info for a log line: a bug's traceback; none for an outage, whose line names it
-    (docs/operations.md: an outage is one line each, not a traceback)."""
-    return None if outages.classify(exc) is not None else exc
+def _log_failed(
+    message: str, *args: object, exc: BaseException, bug: int = logging.WARNING
+) -> None:
+    """Log what failed: a bug at level bug, with its traceback; an outage as one warning line
+    that names it, not a traceback (docs/operations.md). message's arguments name exc."""
+    if outages.classify(exc) is None:
+        logger.log(bug, message, *args, exc_info=exc)
+    else:
+        logger.warning(message, *args)
 
 
 def _failure(exc: BaseException, what: str) -> errors.BrokerError:
@@ -226,10 +231,11 @@ class BrokerConsumer(AsyncWebsocketConsumer):
         try:
             await self._leave_all()
         except Exception as exc:
-            logger.error(
+            _log_failed(
                 "could not leave the groups of a closing connection (%s)",
                 exc,
-                exc_info=_traceback(exc),
+                exc=exc,
+                bug=logging.ERROR,
             )
         with contextlib.suppress(Exception):
             await self.close(code=CLOSE_GOING_AWAY)
@@ -265,7 +271,7 @@ class BrokerConsumer(AsyncWebsocketConsumer):
         except StopConsumer:
             pass
         except Exception as exc:
-            logger.error("WebSocket connection failed (%s)", exc, exc_info=_traceback(exc))
+            _log_failed("WebSocket connection failed (%s)", exc, exc=exc, bug=logging.ERROR)
             code = CLOSE_GOING_AWAY if outages.classify(exc) else CLOSE_INTERNAL_ERROR
             with contextlib.suppress(Exception):
                 await self.close(code=code)
@@ -350,9 +356,7 @@ class BrokerConsumer(AsyncWebsocketConsumer):
                 return
             except Exception as exc:
                 # The database is away: the next check tries again.
-                logger.warning(
-                    "could not check a WebSocket's key (%s)", exc, exc_info=_traceback(exc)
-                )
+                _log_failed("could not check a WebSocket's key (%s)", exc, exc=exc)
 
     def _key_name(self) -> str | None:
         return self.principal.name if self.principal is not None else None
@@ -739,14 +743,14 @@ class BrokerConsumer(AsyncWebsocketConsumer):
                 [d.receipt for d in deliveries],
             )
         except Exception as exc:
-            logger.warning(
+            _log_failed(
                 "could not hand back %d messages read ahead for %s of %s (%s); they come back "
                 "after their ack deadline",
                 len(deliveries),
                 s.member_id,
                 s.group,
                 exc,
-                exc_info=_traceback(exc),
+                exc=exc,
             )
 
     async def _hold_ack(
@@ -1002,14 +1006,14 @@ class BrokerConsumer(AsyncWebsocketConsumer):
             except errors.BrokerError:
                 pass  # gone already, or the key may no longer see it: expiry takes it
             except Exception as exc:
-                logger.warning(
+                _log_failed(
                     "member %s of %s (subscription %s) could not leave (%s); it expires after "
                     "the session timeout",
                     s.member_id,
                     s.group,
                     s.sub,
                     exc,
-                    exc_info=_traceback(exc),
+                    exc=exc,
                 )
         if not any(other.topic_id == s.topic_id for other in self.subs.values()):
             await events.leave(events.topic_group(s.topic_id), self.channel_name)

@@ -20,6 +20,7 @@ import time
 from typing import Any
 
 from channels_redis.core import RedisChannelLayer
+from redis.exceptions import RedisError
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +60,16 @@ class ScriptedRedisChannelLayer(RedisChannelLayer):  # type: ignore[misc]  # cha
     """
 
     _scripts: tuple[Any, Any] | None = None
+
+    async def _clean_receive_backup(self, index: int, channel: str) -> None:
+        """channels_redis's removal of a received message from its backup queue, a task fired
+        and forgotten after each receive. Should Redis go away or end the connection meanwhile,
+        its error went unretrieved and asyncio logged it with a traceback. What it leaves behind
+        is at most a wake-up received again later, which is harmless (docs/operations.md)."""
+        try:
+            await super()._clean_receive_backup(index, channel)
+        except (RedisError, OSError) as exc:
+            logger.info("channel layer: a received wake-up's backup stays (%s)", exc)
 
     async def group_send(self, group: str, message: dict[str, Any]) -> None:
         if self.ring_size != 1:

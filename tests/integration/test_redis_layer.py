@@ -138,3 +138,24 @@ async def test_group_send__sharded_layers_keep_channels_redis_own(redis_url):
     finally:
         await sender.flush()
         await listener.flush()
+
+
+async def test_receive__a_backup_cleanup_that_meets_a_closed_connection_does_not_raise(
+    redis_url, caplog
+):
+    """channels_redis fires this cleanup and forgets it: an error there was logged by asyncio as
+    "Task exception was never retrieved", with a traceback (seen after a Redis restart)."""
+    listener, killer = layer(redis_url, prefix="clean"), aioredis.from_url(redis_url)
+    try:
+        channel = await listener.new_channel("ws.")
+        await listener.send(channel, EVENT)
+        assert await received(listener, channel) == EVENT
+        # Redis ends every other client's connection, the listener's pooled one among them.
+        await killer.execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")
+        channel_key = listener.prefix + listener.non_local_name(channel)
+        with caplog.at_level(logging.INFO, logger="broker.core.redislayer"):
+            await listener._clean_receive_backup(0, channel_key)
+        assert "a received wake-up's backup stays" in caplog.text
+    finally:
+        await listener.flush()
+        await killer.aclose()
