@@ -91,7 +91,8 @@ def test_run_periodic_job__a_database_outage_is_one_line_and_a_bug_raises(monkey
             name, f"tests.tasks.test_periodic.{function}", "RETENTION_INTERVAL_SECONDS"
         )
         monkeypatch.setitem(periodic.BY_NAME, name, job)
-    calls[:] = [1]  # record_call's second call raises its RuntimeError
+    # record_call's second call raises its RuntimeError; the module's list is put back after.
+    monkeypatch.setattr("tests.tasks.test_periodic.calls", [1])
 
     assert tasks.run_periodic_job.apply(args=("away",)).get() is None
     (line,) = [r for r in caplog.records if r.name == "broker.tasks"]
