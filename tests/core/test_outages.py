@@ -16,6 +16,7 @@ from django.db.utils import DatabaseError, InterfaceError, OperationalError
 from broker import models
 from broker.core import errors, log, outages
 from broker.core.records import NewMessage
+from tests.integration.conftest import free_port
 from tests.sessions import terminate_own_session
 
 # Longer than psycopg_pool's first three retries (1 + 2 + 4 s).
@@ -133,9 +134,7 @@ class _Forwarder:
 
     def __init__(self, target: tuple[str, int]) -> None:
         self.target = target
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
+        self.port = free_port()
         self.stopping = threading.Event()
         self.sockets: list[socket.socket] = []
 
