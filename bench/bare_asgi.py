@@ -14,11 +14,24 @@ to a file and flushed (fdatasync) in group commits on a worker thread, as Ferry'
 does, then each gets its `published` answer and the commit's messages go to the subscribers in
 one `messages` frame; an `ack` frame gets `acked`. No credit, no Channels, no database: the
 transport's and the disk's share of a message's trip (BARE_LOG_DIR names the log's directory).
+
+WebSocket at /consume: the least a durable broker with per-message acks does for
+bench/postgres.py's consume, on PostgreSQL (BARE_DATABASE_URL; the bench makes the tables,
+BARE_SCHEMA). A `subscribe` frame gets `subscribed` and `prefetch` messages; each `ack` frame
+gets `acked` and as many messages again. Each is one transaction on a worker thread, as Ferry's
+database calls are: the acked receipts' in-flight rows deleted, the next messages read from the
+log from the cursor's offset (its row locked), their in-flight rows (with an ack deadline, for
+redelivery) inserted, the cursor moved, COMMIT. One subscriber, one partition, no groups, no
+Django, no Channels: the transport's and the database's share of a consumed message. At
+/consume the transaction is one statement (one round trip); at /consume/two it is Ferry's
+shape: the lock and the read in one round trip, then the writes and the COMMIT in another,
+through psycopg's cursor in its pipeline mode.
 """
 
 import asyncio
 import os
 import tempfile
+import threading
 import time
 from typing import Any
 
@@ -32,6 +45,8 @@ async def application(scope: dict[str, Any], receive: Any, send: Any) -> None:
     if scope["type"] == "websocket":
         if scope["path"].rstrip("/") == "/e2e":
             await end_to_end(receive, send)
+        elif scope["path"].rstrip("/") in ("/consume", "/consume/two"):
+            await consume(receive, send, two=scope["path"].rstrip("/").endswith("/two"))
         else:
             await prefetch_two(receive, send)
         return
@@ -77,8 +92,10 @@ async def _next_frame(receive: Any, send: Any) -> dict[str, Any] | None:
         return frame
 
 
-def _acked(frame: dict[str, Any], sub: str) -> bytes:
-    settled = len(frame.get("receipts", ()))
+def _acked(frame: dict[str, Any], sub: str, settled: int | None = None) -> bytes:
+    """The `acked` answer: every receipt settled, unless settled says how many were."""
+    if settled is None:
+        settled = len(frame.get("receipts", ()))
     return orjson.dumps(
         {
             "type": "acked",
@@ -187,3 +204,129 @@ async def end_to_end(receive: Any, send: Any) -> None:
             await send({"type": "websocket.send", "text": answer.decode()})
     finally:
         log.subscribers.pop(send, None)
+
+
+# The tables /consume reads and writes (bench/postgres.py's bare_consume makes and fills them).
+BARE_SCHEMA = """
+CREATE TABLE bare_log (off bigint PRIMARY KEY, key text, value bytea NOT NULL, ts bigint);
+CREATE TABLE bare_inflight (off bigint PRIMARY KEY, deadline_ms bigint NOT NULL);
+CREATE TABLE bare_cursor (id int PRIMARY KEY, next_off bigint NOT NULL);
+INSERT INTO bare_cursor VALUES (1, 0);
+"""
+
+# Settle, read, mark in flight and move the cursor: one statement, one round trip, one COMMIT.
+# A settled count comes back even when no message follows (the LEFT JOIN).
+_SETTLE_AND_TAKE = """
+WITH settled AS (
+    DELETE FROM bare_inflight WHERE off = ANY(%(acked)s) RETURNING off
+), place AS (
+    SELECT next_off FROM bare_cursor WHERE id = 1 FOR UPDATE
+), taken AS (
+    SELECT off, key, value, ts FROM bare_log
+    WHERE off >= (SELECT next_off FROM place) ORDER BY off
+    LIMIT %(credit)s + (SELECT count(*) FROM settled)
+), marked AS (
+    INSERT INTO bare_inflight (off, deadline_ms) SELECT off, %(deadline)s FROM taken
+), moved AS (
+    UPDATE bare_cursor SET next_off = (SELECT coalesce(max(off) + 1, place.next_off) FROM taken)
+    FROM place WHERE bare_cursor.id = 1
+)
+SELECT n.settled, t.off, t.key, t.value, t.ts
+FROM (SELECT count(*) AS settled FROM settled) n LEFT JOIN taken t ON true
+ORDER BY t.off
+"""
+
+
+# /consume/two's statements (the cursor's row locked by the read's subquery).
+_TAKE = """
+SELECT off, key, value, ts FROM bare_log
+WHERE off >= (SELECT next_off FROM bare_cursor WHERE id = 1 FOR UPDATE) ORDER BY off LIMIT %s
+"""
+_SETTLE = "DELETE FROM bare_inflight WHERE off = ANY(%s) RETURNING off"
+_MARK = "INSERT INTO bare_inflight SELECT unnest(%s::bigint[]), %s"
+_MOVE = "UPDATE bare_cursor SET next_off = %s WHERE id = 1"
+
+
+class _Consumer:
+    """One /consume subscriber's connection to PostgreSQL, used by one call at a time."""
+
+    def __init__(self) -> None:
+        import psycopg  # only /consume needs it
+
+        self.conn = psycopg.connect(os.environ["BARE_DATABASE_URL"], autocommit=True)
+        self.lock = threading.Lock()
+
+    def settle_and_take(self, acked: list[int], credit: int) -> tuple[int, list[Any]]:
+        """Settle acked, take credit plus that many more: (how many settled, the rows)."""
+        deadline = int(time.time() * 1000) + 30_000
+        with self.lock, self.conn.cursor(binary=True) as cur:
+            cur.execute(_SETTLE_AND_TAKE, {"acked": acked, "credit": credit, "deadline": deadline})
+            rows = cur.fetchall()
+        return (rows[0][0] if rows else 0), [row[1:] for row in rows if row[1] is not None]
+
+    def settle_and_take_in_two(self, acked: list[int], credit: int) -> tuple[int, list[Any]]:
+        """settle_and_take in two round trips: the read, then the writes and the COMMIT."""
+        deadline = int(time.time() * 1000) + 30_000
+        with self.lock, self.conn.cursor(binary=True) as cur, self.conn.cursor() as deleted:
+            with self.conn.pipeline():
+                cur.execute("BEGIN")
+                cur.execute(_TAKE, (credit + len(acked),))
+                rows = cur.fetchall()
+            offsets = [row[0] for row in rows]
+            with self.conn.pipeline():
+                deleted.execute(_SETTLE, (acked,))
+                cur.execute(_MARK, (offsets, deadline))
+                if offsets:
+                    cur.execute(_MOVE, (offsets[-1] + 1,))
+                cur.execute("COMMIT")
+            settled = len(deleted.fetchall())
+        return settled, rows
+
+
+def _pushed(sub: str, rows: list[Any]) -> bytes:
+    """A `messages` frame of the rows, shaped as Ferry's (the value a stored JSON fragment)."""
+    deadline = int(time.time() * 1000) + 30_000
+    items = [
+        {
+            "partition": 0,
+            "offset": off,
+            "timestamp_ms": ts,
+            "key": key,
+            "tag": None,
+            "headers": {},
+            "id": None,
+            "value": orjson.Fragment(value),
+            "receipt": str(off),
+            "attempt": 1,
+            "deadline_ms": deadline,
+        }
+        for off, key, value, ts in rows
+    ]
+    return orjson.dumps({"type": "messages", "sub": sub, "items": items})
+
+
+async def consume(receive: Any, send: Any, two: bool = False) -> None:
+    loop = asyncio.get_running_loop()
+    consumer: _Consumer | None = None
+    try:
+        while (frame := await _next_frame(receive, send)) is not None:
+            kind, sub = frame.get("type"), frame.get("sub", "s")
+            if kind == "subscribe":
+                consumer = await loop.run_in_executor(None, _Consumer)
+                answer = orjson.dumps({"type": "subscribed", "ref": frame.get("ref"), "sub": sub})
+                acked, credit = [], int(frame.get("prefetch") or 1)
+            elif kind == "ack" and consumer is not None:
+                acked, credit = [int(r) for r in frame.get("receipts", ())], 0
+                answer = b""
+            else:
+                continue
+            call = consumer.settle_and_take_in_two if two else consumer.settle_and_take
+            settled, rows = await loop.run_in_executor(None, call, acked, credit)
+            if not answer:
+                answer = _acked(frame, sub, settled)
+            await send({"type": "websocket.send", "text": answer.decode()})
+            if rows:
+                await send({"type": "websocket.send", "text": _pushed(sub, rows).decode()})
+    finally:
+        if consumer is not None:
+            consumer.conn.close()

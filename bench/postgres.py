@@ -9,7 +9,12 @@ DATABASE_URL); not part of the test suite (STYLE.md §6). One process, one machi
      B rows per transaction (B = 1, 100, 1000);
    - consume: `SELECT id, key, value ... ORDER BY id LIMIT B FOR UPDATE SKIP LOCKED`, then
      `DELETE ... WHERE id = ANY(ids)`, then COMMIT, until the table is empty;
-2. Ferry on one Daphne process (the in-memory channel layer, background jobs off, as
+2. the floor (PostgreSQL only): the B=100 consume of 3., the same client, against
+   bench/bare_asgi.py's /consume under the same Daphne. Each ack frame's receipts settled, the
+   next messages read, marked in flight and the cursor moved in one transaction on a worker
+   thread: no Django, no Channels, no groups. Once as one statement (one round trip), once as
+   Ferry's two round trips through psycopg's cursor; msgs/s and CPU beside Ferry's;
+3. Ferry on one Daphne process (the in-memory channel layer, background jobs off, as
    bench/websocket.py), on the database the environment names (PostgreSQL, or the embedded
    SQLite when DATABASE_URL is unset: `.venv/bin/python bench/postgres.py --only ferry`):
    - produce over REST, one sequential client, B keyed 256-byte messages per request, into a
@@ -23,7 +28,7 @@ DATABASE_URL); not part of the test suite (STYLE.md §6). One process, one machi
    - the broker's (Daphne's /proc/<pid>/stat) and PostgreSQL's CPU per 1,000 messages;
    - on PostgreSQL the message table is analyzed (untimed) between produce and consume, so
      that every consume reads its new partitions with the same plan (see analyze());
-3. scale-out (PostgreSQL only, as root with cgroup v1's cpu controller): 1, 2 and 4 Daphne
+4. scale-out (PostgreSQL only, as root with cgroup v1's cpu controller): 1, 2 and 4 Daphne
    processes on the same PostgreSQL, with a private Redis (scripts/redis) as the channel layer
    and background jobs off, each process held to 0.2 of a core (cpu.cfs_quota_us 20000 of
    cpu.cfs_period_us 100000 in /sys/fs/cgroup/cpu/ferry-bench-<pid>-<n>/): a stand-in for one
@@ -43,7 +48,7 @@ DATABASE_URL); not part of the test suite (STYLE.md §6). One process, one machi
    - first, each set of processes idle for 2 s: their CPU doing nothing;
    - --statements: pg_stat_statements is loaded (ALTER SYSTEM, the throwaway server
      restarted) and each scale-out phase's top statements are printed per 1,000 messages.
-4. prints one table with the targets beside the figures, and stops every process it started
+5. prints one table with the targets beside the figures, and stops every process it started
    by its PID (Daphnes, Redis), removing the cgroups (always).
 
     scripts/with-postgres .venv/bin/python bench/postgres.py [--scale 0.2] [--only ...]
@@ -71,7 +76,8 @@ from typing import Any
 
 import httpx
 import orjson
-from per_message import end_to_end
+from bare_asgi import BARE_SCHEMA
+from per_message import end_to_end, start_bare, wait_bare
 from produce_fetch import (
     ROOT,
     VALUE,
@@ -474,6 +480,56 @@ class Meter:
             result.control = statements_control(self.url)
 
 
+# bench/bare_asgi.py's two consume floors: the path each is served at, and its row's label.
+BARE_SHAPES = {
+    "one": ("/consume", "bare consume+ack, B=100: one statement"),
+    "two": ("/consume/two", "bare consume+ack, B=100: two round trips"),
+}
+
+
+def bare_consume(
+    url: str, tmp: Path, scale: float, postmaster: int | None, shape: str, server: str = "daphne"
+) -> Counted:
+    """The B=100 consume of Ferry's run, the same client, against bench/bare_asgi.py's /consume
+    under the same server: the least a durable broker with per-message acks does on this
+    PostgreSQL behind a WebSocket, its transaction one statement or (shape "two") Ferry's two
+    round trips."""
+    total = scaled(FERRY_MESSAGES[100], scale, 500) // 100 * 100
+    with pg_connect(url) as conn:
+        conn.execute("DROP TABLE IF EXISTS bare_log, bare_inflight, bare_cursor")
+        conn.execute(BARE_SCHEMA)
+        now = int(time.time() * 1000)
+        with conn.cursor() as cur, cur.copy("COPY bare_log FROM STDIN") as copy:
+            for i in range(total):
+                copy.write_row((i, f"k{i % 100}", VALUE_BYTES, now))
+        conn.commit()
+        conn.execute("ANALYZE bare_log")
+        conn.commit()
+    port = free_port()
+    log_path = tmp / "bare-consume.log"
+    path = BARE_SHAPES[shape][0]
+    progress(f"bare consume at {path} under {server} on 127.0.0.1:{port}: {total} messages")
+    os.environ["BARE_DATABASE_URL"] = url
+    proc = start_bare(port, log_path, server)
+    try:
+        wait_bare(f"http://127.0.0.1:{port}/", proc)
+        meter = Meter(url, [proc.pid], postmaster)
+        with meter.measure(total) as counted:
+            asyncio.run(
+                consume([f"ws://127.0.0.1:{port}{path}"], "-", "bare", "bare", total, 200, 100)
+            )
+    finally:
+        stop_daphne(proc)
+    with pg_connect(url) as conn:
+        left = conn.execute("SELECT count(*) FROM bare_inflight").fetchone()
+        conn.execute("DROP TABLE bare_log, bare_inflight, bare_cursor")
+        conn.commit()
+    if left and left[0]:
+        raise RuntimeError(f"bare consume left {left[0]} messages in flight")
+    progress(f"  {counted.rate:,.0f} msgs/s")
+    return counted
+
+
 def produce_sequential(client: httpx.Client, topic: str, batch: int, requests: int) -> None:
     payload = body(batch)
     for _ in range(requests):
@@ -811,6 +867,7 @@ def report(
     single: Single | None,
     scale: list[Scale] | None,
     skipped: str | None,
+    bare: dict[str, Counted] | None = None,
 ) -> str:
     lines = ["", "Ferry bench: PostgreSQL speed and scale-out (bench/postgres.py)"]
     width = max(len(k) for k, _ in header)
@@ -827,6 +884,12 @@ def report(
         ):
             cells = "".join(f"{ref[kind][b]:>10,.0f}" for b in BATCHES)
             lines.append(f"  {text:<52}{cells}")
+    for shape, floor in (bare or {}).items():
+        cells = f"{'':>10}{floor.rate:>10,.0f}{'':>10}"
+        cpu = (
+            f"{'':>7}{floor.per_1k(floor.broker_cpu):.3f} / {floor.per_1k(floor.postgres_cpu):.3f}"
+        )
+        lines.append(f"  {BARE_SHAPES[shape][1]:<52}{cells}   {cpu}")
     if single:
         for name, phases in (
             ("Ferry produce, REST, 1 client", single.produce),
@@ -863,6 +926,14 @@ def report(
                 f"   target >= {TARGET_CONSUME_VS_REFERENCE}x: "
                 f"{verdict(ratio >= TARGET_CONSUME_VS_REFERENCE)}"
             )
+            ours = single.consume[100]
+            for shape, floor in (bare or {}).items():
+                cpu_x = ours.per_1k(ours.broker_cpu) / floor.per_1k(floor.broker_cpu)
+                lines.append(
+                    f"  bare, {shape}: its consume+ack B=100 / reference produce B=100 "
+                    f"{floor.rate / ref['produce'][100]:.2f}x; Ferry's / its "
+                    f"{ours.rate / floor.rate:.2f}x, at {cpu_x:.2f}x its broker CPU a message"
+                )
             lines.append(
                 "  (the other target, consume+ack B=100 >= the same on SQLite: run "
                 "`.venv/bin/python bench/postgres.py --only ferry` and compare)"
@@ -966,8 +1037,8 @@ def main() -> int:
     parser.add_argument("--scale", type=float, default=1.0, help="multiply every count")
     parser.add_argument(
         "--only",
-        default="reference,ferry,scale",
-        help="comma-separated parts: reference, ferry, scale (the first and last need PostgreSQL)",
+        default="reference,bare,ferry,scale",
+        help="comma-separated parts: reference, bare, ferry, scale (all but ferry need PostgreSQL)",
     )
     parser.add_argument(
         "--processes",
@@ -1008,10 +1079,13 @@ def main() -> int:
         )
         connections.close_all()
         ref = single = None
+        bare: dict[str, Counted] | None = None
         scale: list[Scale] | None = None
         skipped = None
         if url and "reference" in parts:
             ref = reference(url, args.scale)
+        if url and "bare" in parts:
+            bare = {s: bare_consume(url, tmp, args.scale, postmaster, s) for s in BARE_SHAPES}
         if "ferry" in parts:
             single = ferry_single(args, tmp, secret, url, postmaster)
         if "scale" in parts:
@@ -1039,7 +1113,7 @@ def main() -> int:
                 "in this process",
             ),
         ]
-        print(report(args.producers, header, ref, single, scale, skipped), flush=True)
+        print(report(args.producers, header, ref, single, scale, skipped, bare), flush=True)
         ok = True
         return 0
     finally:
