@@ -1135,12 +1135,17 @@ class BrokerConsumer(AsyncWebsocketConsumer):
     async def _push(self, s: Subscription, deliveries: Sequence[Delivery]) -> None:
         """Send deliveries in `messages` frames of at most FERRY_WS_MAX_FRAME_BYTES each."""
         limit = ferry_settings.get("WS_MAX_FRAME_BYTES")
+        rendered = wire.deliveries_out(deliveries)
+        whole = orjson.dumps({"type": "messages", "sub": s.sub, "items": rendered})
+        if len(whole) <= limit:  # all in one frame, rendered in one call
+            await self._send_raw(whole)
+            return
         head = b'{"type":"messages","sub":' + orjson.dumps(s.sub) + b',"items":['
         tail = b"]}"
         items: list[bytes] = []
         size = len(head) + len(tail)
-        for d in deliveries:
-            item = orjson.dumps(wire.delivery_out(d))
+        for d, out in zip(deliveries, rendered, strict=True):
+            item = orjson.dumps(out)
             if len(head) + len(item) + len(tail) > limit:
                 # Only a message whose headers JSON-escape to several times their size can get
                 # here (max_message_bytes_ceiling leaves room for the rest): say which one.
