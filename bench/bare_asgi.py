@@ -25,17 +25,22 @@ redelivery) inserted, the cursor moved, COMMIT. One subscriber, one partition, n
 Django, no Channels: the transport's and the database's share of a consumed message. At
 /consume the transaction is one statement (one round trip); at /consume/two it is Ferry's
 shape: the lock and the read in one round trip, then the writes and the COMMIT in another,
-through psycopg's cursor in its pipeline mode.
+through Ferry's own statement path (broker/core/pgwire.py) and nothing else of Ferry's.
 """
 
 import asyncio
 import os
+import sys
 import tempfile
 import threading
 import time
+import types
 from typing import Any
 
 import orjson
+
+# /consume/two sends its statements through Ferry's own libpq path (broker/core/pgwire.py).
+sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 BODY = b'{"results":[{"partition":0,"offset":0,"duplicate":false}]}'
 HEADERS = [(b"content-type", b"application/json"), (b"content-length", str(len(BODY)).encode())]
@@ -250,10 +255,14 @@ _MOVE = "UPDATE bare_cursor SET next_off = %s WHERE id = 1"
 class _Consumer:
     """One /consume subscriber's connection to PostgreSQL, used by one call at a time."""
 
-    def __init__(self) -> None:
+    def __init__(self, two: bool) -> None:
         import psycopg  # only /consume needs it
 
-        self.conn = psycopg.connect(os.environ["BARE_DATABASE_URL"], autocommit=True)
+        # Two round trips: Ferry's own statement path (broker/core/pgwire.py), which begins
+        # the transaction itself.
+        url = os.environ["BARE_DATABASE_URL"]
+        self.conn = psycopg.connect(url, autocommit=not two)
+        self.db = types.SimpleNamespace(connection=self.conn)  # what pgwire reads of Django's
         self.lock = threading.Lock()
 
     def settle_and_take(self, acked: list[int], credit: int) -> tuple[int, list[Any]]:
@@ -265,22 +274,19 @@ class _Consumer:
         return (rows[0][0] if rows else 0), [row[1:] for row in rows if row[1] is not None]
 
     def settle_and_take_in_two(self, acked: list[int], credit: int) -> tuple[int, list[Any]]:
-        """settle_and_take in two round trips: the read, then the writes and the COMMIT."""
+        """settle_and_take in two round trips through pgwire, as Ferry sends its statements:
+        BEGIN and the read (the cursor's row locked), then the writes and the COMMIT."""
+        from broker.core import pgwire
+
         deadline = int(time.time() * 1000) + 30_000
-        with self.lock, self.conn.cursor(binary=True) as cur, self.conn.cursor() as deleted:
-            with self.conn.pipeline():
-                cur.execute("BEGIN")
-                cur.execute(_TAKE, (credit + len(acked),))
-                rows = cur.fetchall()
+        with self.lock:
+            [rows] = pgwire.execute(self.db, [(_TAKE, (credit + len(acked),))])
             offsets = [row[0] for row in rows]
-            with self.conn.pipeline():
-                deleted.execute(_SETTLE, (acked,))
-                cur.execute(_MARK, (offsets, deadline))
-                if offsets:
-                    cur.execute(_MOVE, (offsets[-1] + 1,))
-                cur.execute("COMMIT")
-            settled = len(deleted.fetchall())
-        return settled, rows
+            writes = [(_SETTLE, (acked,)), (_MARK, (offsets, deadline))]
+            if offsets:
+                writes.append((_MOVE, (offsets[-1] + 1,)))
+            settled = pgwire.execute(self.db, writes, commit=True)[0]
+        return len(settled), rows
 
 
 def _pushed(sub: str, rows: list[Any]) -> bytes:
@@ -312,7 +318,7 @@ async def consume(receive: Any, send: Any, two: bool = False) -> None:
         while (frame := await _next_frame(receive, send)) is not None:
             kind, sub = frame.get("type"), frame.get("sub", "s")
             if kind == "subscribe":
-                consumer = await loop.run_in_executor(None, _Consumer)
+                consumer = await loop.run_in_executor(None, _Consumer, two)
                 answer = orjson.dumps({"type": "subscribed", "ref": frame.get("ref"), "sub": sub})
                 acked, credit = [], int(frame.get("prefetch") or 1)
             elif kind == "ack" and consumer is not None:

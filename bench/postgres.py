@@ -13,7 +13,8 @@ DATABASE_URL); not part of the test suite (STYLE.md §6). One process, one machi
    bench/bare_asgi.py's /consume under the same Daphne. Each ack frame's receipts settled, the
    next messages read, marked in flight and the cursor moved in one transaction on a worker
    thread: no Django, no Channels, no groups. Once as one statement (one round trip), once as
-   Ferry's two round trips through psycopg's cursor; msgs/s and CPU beside Ferry's;
+   Ferry's two round trips through its own libpq path (broker/core/pgwire.py); msgs/s and
+   CPU beside Ferry's;
 3. Ferry on one Daphne process (the in-memory channel layer, background jobs off, as
    bench/websocket.py), on the database the environment names (PostgreSQL, or the embedded
    SQLite when DATABASE_URL is unset: `.venv/bin/python bench/postgres.py --only ferry`):
