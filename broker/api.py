@@ -720,7 +720,7 @@ async def poll(request: AuthedRequest, group: str, body: schemas.PollIn) -> Http
             {
                 "group": delivered.group,
                 "topic": delivered.topic,
-                "messages": [wire.delivery_out(d) for d in delivered.deliveries],
+                "messages": wire.deliveries_out(delivered.deliveries),
                 "next_offsets": [],
                 "committed": body.auto_commit,
                 "member_id": delivered.member_id,

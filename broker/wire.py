@@ -51,35 +51,12 @@ def message_out(m: StoredMessage) -> dict[str, Any]:
     return out
 
 
-def delivery_out(d: Delivery) -> dict[str, Any]:
-    """A message handed to a member, with what it needs to settle it."""
-    return deliveries_out((d,))[0]
-
-
 def deliveries_out(deliveries: Iterable[Delivery]) -> list[dict[str, Any]]:
-    """delivery_out of each: message_out's fields, then the receipt's.
-
-    message_out is written out in the loop (tests/unit/test_wire.py holds the two to the same
-    shape): a push renders a hundred messages at a time, and the calls of the per-message
-    functions cost half of it (docs/benchmarks.md, session 25).
-    """
-    empty, fragment, b64 = EMPTY_HEADERS, orjson.Fragment, base64.b64encode
+    """Messages handed to a member, each with what it needs to settle it: a push's or a poll's
+    whole list, which the caller serialises in one call (docs/benchmarks.md, session 25)."""
     out = []
     for m, receipt, attempt, deadline_ms in deliveries:
-        headers = m.headers_json
-        item = {
-            "partition": m.partition,
-            "offset": m.offset,
-            "timestamp_ms": m.timestamp_ms,
-            "key": m.key,
-            "tag": m.tag,
-            "headers": empty if headers == "{}" else fragment(headers),
-            "id": m.client_id,
-        }
-        if m.is_json:
-            item["value"] = fragment(m.value)
-        else:
-            item["value_b64"] = b64(m.value).decode()
+        item = message_out(m)
         # An auto-acked delivery has nothing left to settle.
         item["receipt"] = receipt or None
         item["attempt"] = attempt
