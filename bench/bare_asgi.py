@@ -32,7 +32,6 @@ import asyncio
 import os
 import sys
 import tempfile
-import threading
 import time
 import types
 from typing import Any
@@ -253,7 +252,8 @@ _MOVE = "UPDATE bare_cursor SET next_off = %s WHERE id = 1"
 
 
 class _Consumer:
-    """One /consume subscriber's connection to PostgreSQL, used by one call at a time."""
+    """One /consume subscriber's connection to PostgreSQL, used by one call at a time (the
+    connection awaits each call before it reads its next frame)."""
 
     def __init__(self, two: bool) -> None:
         import psycopg  # only /consume needs it
@@ -263,12 +263,11 @@ class _Consumer:
         url = os.environ["BARE_DATABASE_URL"]
         self.conn = psycopg.connect(url, autocommit=not two)
         self.db = types.SimpleNamespace(connection=self.conn)  # what pgwire reads of Django's
-        self.lock = threading.Lock()
 
     def settle_and_take(self, acked: list[int], credit: int) -> tuple[int, list[Any]]:
         """Settle acked, take credit plus that many more: (how many settled, the rows)."""
         deadline = int(time.time() * 1000) + 30_000
-        with self.lock, self.conn.cursor(binary=True) as cur:
+        with self.conn.cursor(binary=True) as cur:
             cur.execute(_SETTLE_AND_TAKE, {"acked": acked, "credit": credit, "deadline": deadline})
             rows = cur.fetchall()
         return (rows[0][0] if rows else 0), [row[1:] for row in rows if row[1] is not None]
@@ -279,13 +278,12 @@ class _Consumer:
         from broker.core import pgwire
 
         deadline = int(time.time() * 1000) + 30_000
-        with self.lock:
-            [rows] = pgwire.execute(self.db, [(_TAKE, (credit + len(acked),))])
-            offsets = [row[0] for row in rows]
-            writes = [(_SETTLE, (acked,)), (_MARK, (offsets, deadline))]
-            if offsets:
-                writes.append((_MOVE, (offsets[-1] + 1,)))
-            settled = pgwire.execute(self.db, writes, commit=True)[0]
+        [rows] = pgwire.execute(self.db, [(_TAKE, (credit + len(acked),))])
+        offsets = [row[0] for row in rows]
+        writes = [(_SETTLE, (acked,)), (_MARK, (offsets, deadline))]
+        if offsets:
+            writes.append((_MOVE, (offsets[-1] + 1,)))
+        settled = pgwire.execute(self.db, writes, commit=True)[0]
         return len(settled), rows
 
 

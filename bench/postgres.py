@@ -488,11 +488,9 @@ BARE_SHAPES = {
 }
 
 
-def bare_consume(
-    url: str, tmp: Path, scale: float, postmaster: int | None, shape: str, server: str = "daphne"
-) -> Counted:
+def bare_consume(url: str, tmp: Path, scale: float, postmaster: int | None, shape: str) -> Counted:
     """The B=100 consume of Ferry's run, the same client, against bench/bare_asgi.py's /consume
-    under the same server: the least a durable broker with per-message acks does on this
+    under the same Daphne: the least a durable broker with per-message acks does on this
     PostgreSQL behind a WebSocket, its transaction one statement or (shape "two") Ferry's two
     round trips."""
     total = scaled(FERRY_MESSAGES[100], scale, 500) // 100 * 100
@@ -509,9 +507,9 @@ def bare_consume(
     port = free_port()
     log_path = tmp / "bare-consume.log"
     path = BARE_SHAPES[shape][0]
-    progress(f"bare consume at {path} under {server} on 127.0.0.1:{port}: {total} messages")
+    progress(f"bare consume at {path} on 127.0.0.1:{port}: {total} messages")
     os.environ["BARE_DATABASE_URL"] = url
-    proc = start_bare(port, log_path, server)
+    proc = start_bare(port, log_path, "daphne")
     try:
         wait_bare(f"http://127.0.0.1:{port}/", proc)
         meter = Meter(url, [proc.pid], postmaster)
