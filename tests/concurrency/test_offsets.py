@@ -103,6 +103,43 @@ def test_append_messages__threads_and_processes_gapless(topic_factory):
     assert len(set(returned)) == len(returned), "two producers were given the same offset"
 
 
+def test_append_messages__each_answer_names_its_own_message_and_timestamps_follow_offsets(
+    topic_factory,
+):
+    """Producers in threads and processes, batches over every partition: the place each is told
+    holds its own message, and within a partition timestamps never go back as offsets grow (a
+    batch is stamped under its partitions' lock)."""
+    topic = topic_factory(partitions=3)
+    told = {}
+    lock = threading.Lock()
+
+    def producer(n):
+        for b in range(8):
+            batch = [NewMessage(value=orjson.dumps([n, b, i])) for i in range(25)]
+            results = log.append_messages(keys.CONSOLE, topic.name, batch)
+            with lock:
+                for message, r in zip(batch, results, strict=True):
+                    told[(r.partition, r.offset)] = message.value
+
+    procs = start_workers(*[("produce", topic.name, "8", "25") for _ in range(2)])
+    run_threads(producer, 3)
+    collect(procs)
+    assert sum(assert_gapless(topic.name).values()) == 5 * 8 * 25
+    rows = models.Message.objects.filter(partition__topic__name=topic.name).order_by(
+        "partition__number", "offset"
+    )
+    stamps = defaultdict(list)
+    for number, offset, value, stamp in rows.values_list(
+        "partition__number", "offset", "value", "timestamp_ms"
+    ):
+        if (number, offset) in told:
+            assert bytes(value) == told[(number, offset)]
+        stamps[number].append(stamp)
+    assert len(told) == 3 * 8 * 25
+    for number, found in stamps.items():
+        assert found == sorted(found), f"partition {number}: a timestamp went back"
+
+
 def test_append_messages__concurrent_retries_store_once(topic_factory):
     topic = topic_factory(partitions=4)
     procs = start_workers(*[("produce", topic.name, "5", "20", "order-") for _ in range(2)])

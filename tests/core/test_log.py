@@ -176,6 +176,49 @@ def test_append_messages__every_field_stored_at_its_offset(topic_factory, consol
     assert end_offsets(topic.name) == [sum(r.partition == n for r in results) for n in range(3)]
 
 
+def test_append_messages__a_batch_past_one_insert_stores_each_row_at_its_offset(
+    topic_factory, console
+):
+    """More rows than one INSERT carries on SQLite (bulk.MAX_ROWS_PER_INSERT), and a COPY on
+    PostgreSQL: every field of every row at its offset, in batch order per partition."""
+    topic = topic_factory(partitions=3)
+    log.append_messages(console, topic.name, [msg("first", partition=1)])
+    batch = [
+        msg(
+            i,
+            partition=i % 3 if i % 5 else None,
+            key=f"k{i}" if i % 5 == 0 else None,
+            tag="t" if i % 7 == 0 else None,
+            headers={"n": str(i)} if i % 11 == 0 else {},
+            timestamp_ms=1_000 + i if i % 13 == 0 else None,
+        )
+        for i in range(2_345)
+    ]
+    results = log.append_messages(console, topic.name, batch)
+    stored = {
+        (number, offset): (bytes(value), key, tag, headers, stamp)
+        for number, offset, value, key, tag, headers, stamp in models.Message.objects.filter(
+            partition__topic_id=topic.id
+        ).values_list(
+            "partition__number", "offset", "value", "key", "tag", "headers", "timestamp_ms"
+        )
+    }
+    assert len(stored) == len(batch) + 1
+    for n in range(3):
+        offsets = [r.offset for r in results if r.partition == n]
+        assert offsets == list(range(1 if n == 1 else 0, len(offsets) + (n == 1)))
+    for r, sent in zip(results, batch, strict=True):
+        assert r.partition is not None
+        assert r.offset is not None
+        value, key, tag, headers, stamp = stored[(r.partition, r.offset)]
+        assert (value, key, tag, headers) == (sent.value, sent.key, sent.tag, sent.headers)
+        if sent.timestamp_ms is not None:
+            assert stamp == sent.timestamp_ms
+    assert end_offsets(topic.name) == [
+        sum(r.partition == n for r in results) + (n == 1) for n in range(3)
+    ]
+
+
 def test_append_messages__query_budget(topic_factory, console, django_assert_max_num_queries):
     topic = topic_factory()
     batch = [msg(i) for i in range(500)]
