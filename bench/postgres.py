@@ -35,8 +35,10 @@ DATABASE_URL); not part of the test suite (STYLE.md §6). One process, one machi
    cpu.cfs_period_us 100000 in /sys/fs/cgroup/cpu/ferry-bench-<pid>-<n>/): a stand-in for one
    process per machine. There is no load balancer: each client connects to one process's
    port, round robin. Per process count:
-   - produce: 16 producer threads, B=100 keyed messages per request, a 4-partition topic;
-     afterwards every partition's offsets are contiguous (results and end offsets agree);
+   - produce: 16 producer threads, B=100 keyed messages per request, a 4-partition topic,
+     measured after each producer's request to another topic (--warm: how many) has warmed up
+     the new processes; afterwards every partition's offsets are contiguous (results and end
+     offsets agree);
    - consume: 4 WebSocket consumers in one clustering group (prefetch 200, an ack frame per 100
      messages) take every message exactly once;
    - msgs/s and the ratio to one process; CPU per 1,000 messages of the Daphne processes
@@ -45,7 +47,8 @@ DATABASE_URL); not part of the test suite (STYLE.md §6). One process, one machi
      transaction ids assigned (a write transaction and each writing savepoint take one) and
      WAL written per 1,000 messages, and what its client backends were doing
      (pg_stat_activity sampled every 20 ms: running, waiting on a lock, idle in a
-     transaction), with the statements most often seen waiting on a lock;
+     transaction), with the statements most often seen waiting on a lock; and how busy the
+     whole machine was (/proc/stat: the share of its cores in use);
    - first, each set of processes idle for 2 s: their CPU doing nothing;
    - --statements: pg_stat_statements is loaded (ALTER SYSTEM, the throwaway server
      restarted) and each scale-out phase's top statements are printed per 1,000 messages.
@@ -53,7 +56,7 @@ DATABASE_URL); not part of the test suite (STYLE.md §6). One process, one machi
    by its PID (Daphnes, Redis), removing the cgroups (always).
 
     scripts/with-postgres .venv/bin/python bench/postgres.py [--scale 0.2] [--only ...]
-        [--processes 1,2,4] [--producers 16] [--statements]
+        [--processes 1,2,4] [--producers 16] [--warm 1] [--statements]
 """
 
 import argparse
@@ -106,6 +109,9 @@ E2E_RATE, E2E_SECONDS = 100, 5
 PROCESSES = (1, 2, 4)
 PRODUCERS, SCALE_BATCH, SCALE_PARTITIONS = 16, 100, 4
 SCALE_REQUESTS = 50  # per producer at --scale 1
+# Requests each producer sends to a warm-up topic before a scale-out phase is measured (--warm).
+# Ten instead of one changed nothing of the phases' figures (docs/benchmarks.md, session 26).
+SCALE_WARM_REQUESTS = 1
 CONSUMERS, SCALE_PREFETCH, SCALE_ACK = 4, 200, 100
 CORE_SHARE = 0.2
 CFS_PERIOD_US = 100_000
@@ -118,6 +124,7 @@ TARGET_ROUND_TRIP_MS = 3.0
 TARGET_SCALE = {2: 1.8, 4: 3.2}
 TARGET_CPU_GROWTH = 0.15
 TICKS = os.sysconf("SC_CLK_TCK")
+CORES = os.cpu_count() or 1
 
 
 def body(batch: int, prefix: str = "k") -> bytes:
@@ -156,6 +163,14 @@ def postgres_cpu(postmaster: int) -> float:
 def bench_cpu() -> float:
     times = os.times()
     return times.user + times.system
+
+
+def host_cpu() -> float:
+    """CPU seconds the whole machine has spent busy so far, all cores (/proc/stat: everything
+    but idle and I/O wait): beside the processes' own, it tells a saturated machine."""
+    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in fields[:8])
+    return (user + nice + system + irq + softirq + steal) / TICKS
 
 
 # --- PostgreSQL: the reference, the server's pid, statistics ------------------------------
@@ -417,6 +432,7 @@ class Counted:
     postgres_cpu: float = 0.0
     bench_cpu: float = 0.0
     throttled: float = 0.0
+    host_cpu: float = 0.0  # the whole machine's busy CPU seconds (host_cpu())
     xids: int = 0
     wal_bytes: int = 0
     control: dict[str, int] = field(default_factory=dict)
@@ -440,11 +456,11 @@ class Meter:
         self.quotas: list[Quota] = []
         self.statements = False
 
-    def cpu(self) -> tuple[float, float, float, float]:
+    def cpu(self) -> tuple[float, float, float, float, float]:
         broker = sum(cpu_seconds(pid) for pid in self.daphnes)
         pg = postgres_cpu(self.postmaster) if self.postmaster else 0.0
         throttled = sum(q.throttled_s() for q in self.quotas)
-        return broker, pg, bench_cpu(), throttled
+        return broker, pg, bench_cpu(), throttled, host_cpu()
 
     @contextmanager
     def measure(self, messages: int) -> Iterator[Counted]:
@@ -464,9 +480,13 @@ class Meter:
                 sampler.__exit__()
         result.seconds = time.perf_counter() - started
         after = self.cpu()
-        result.broker_cpu, result.postgres_cpu, result.bench_cpu, result.throttled = (
-            a - b for a, b in zip(after, before, strict=True)
-        )
+        (
+            result.broker_cpu,
+            result.postgres_cpu,
+            result.bench_cpu,
+            result.throttled,
+            result.host_cpu,
+        ) = (a - b for a, b in zip(after, before, strict=True))
         if self.url:
             now = database_counters(self.url)
             result.xids = now["xids"] - counters["xids"]
@@ -544,10 +564,12 @@ def produce_spread(
     requests: int,
     meter: Meter,
     producers: int,
+    warm_requests: int = 1,
 ) -> tuple[dict[int, list[int]], Counted]:
     """producers threads, producer i on urls[i % len]; the offsets each partition got.
 
-    Each producer warms up (one request to topics_[1]) before the measured part starts.
+    Each producer warms up (warm_requests requests to topics_[1]) before the measured part
+    starts.
     """
     topic, warm_topic = topics_
     offsets: dict[int, list[int]] = {}
@@ -559,7 +581,8 @@ def produce_spread(
         got: list[tuple[int, int]] = []
         try:
             with httpx.Client(base_url=urls[i % len(urls)], headers=headers, timeout=60) as client:
-                client.post(f"/api/v1/topics/{warm_topic}/messages", content=payload)
+                for _ in range(warm_requests):
+                    client.post(f"/api/v1/topics/{warm_topic}/messages", content=payload)
                 barrier.wait()
                 for _ in range(requests):
                     response = client.post(f"/api/v1/topics/{topic}/messages", content=payload)
@@ -796,8 +819,8 @@ def scale_out(
     total = requests * args.producers * SCALE_BATCH
     env = dict(os.environ, REDIS_URL=redis_url)
     headers = {"Authorization": f"Bearer {secret}", "Content-Type": "application/json"}
-    for n in args.processes:
-        stamp = f"{os.getpid()}-{n}"
+    for phase, n in enumerate(args.processes):
+        stamp = f"{os.getpid()}-{phase}-{n}"  # a count may come back (--processes 1,4,1)
         topic, warm = f"bench-pg-scale-{stamp}", f"bench-pg-scale-warm-{stamp}"
         topics.create_topic(keys.CONSOLE, topic, SCALE_PARTITIONS)
         topics.create_topic(keys.CONSOLE, warm, SCALE_PARTITIONS)
@@ -820,9 +843,12 @@ def scale_out(
             idle = (meter.cpu()[0] - idle_cpu) / (time.perf_counter() - idle_started)
             meter.quotas, meter.statements = quotas, args.statements
             urls = [f"http://127.0.0.1:{port}" for port in ports]
-            progress(f"scale-out x{n}: {args.producers} producers, {requests} requests each")
+            progress(
+                f"scale-out x{n}: {args.producers} producers, {requests} requests each "
+                f"after {args.warm} to warm up"
+            )
             offsets, produced = produce_spread(
-                urls, headers, (topic, warm), requests, meter, args.producers
+                urls, headers, (topic, warm), requests, meter, args.producers, args.warm
             )
             with httpx.Client(base_url=urls[0], headers=headers, timeout=60) as client:
                 check_contiguous(client, topic, offsets)
@@ -867,6 +893,7 @@ def report(
     scale: list[Scale] | None,
     skipped: str | None,
     bare: dict[str, Counted] | None = None,
+    warm: int = SCALE_WARM_REQUESTS,
 ) -> str:
     lines = ["", "Ferry bench: PostgreSQL speed and scale-out (bench/postgres.py)"]
     width = max(len(k) for k, _ in header)
@@ -944,17 +971,20 @@ def report(
             "",
             f"  scale-out: each Daphne held to {CORE_SHARE} of a core (cgroup v1 quota), "
             f"Redis channel layer; {producers} producers x B={SCALE_BATCH} on "
-            f"{SCALE_PARTITIONS} partitions, then {CONSUMERS} consumers in one clustering "
+            f"{SCALE_PARTITIONS} partitions (after {warm} warm-up "
+            f"request{'' if warm == 1 else 's'} each), then "
+            f"{CONSUMERS} consumers in one clustering "
             f"group (prefetch {SCALE_PREFETCH}, ack per {SCALE_ACK}); clients round robin "
             "over the processes' ports (no load balancer); group commit wait "
             f"{os.environ.get('FERRY_GROUP_COMMIT_WAIT_MS', '-1 (5 ms on PostgreSQL)')} "
             "(FERRY_GROUP_COMMIT_WAIT_MS)",
             f"  {'phase':<10}{'procs':>6}{'msgs/s':>9}{'x 1 proc':>9}{'target':>12}"
             f"{'broker CPU':>11}{'x':>6}{'PG CPU':>8}{'x':>6}{'quota':>7}{'thrtl s':>8}"
-            f"{'bench':>7}{'xids':>7}{'WAL kB':>8}{'run':>6}{'lockw':>6}{'idleTx':>7}",
+            f"{'bench':>7}{'xids':>7}{'WAL kB':>8}{'run':>6}{'lockw':>6}{'idleTx':>7}"
+            f"{'host':>6}",
             f"  {'':<46}{'s/1k msgs':>11}{'':>6}{'s/1k':>8}{'':>6}{'used':>7}{'':>8}"
-            f"{'s/1k':>7}{'/1k':>7}{'/1k':>8}{'(mean backends)':>19}",
-            "  " + "-" * 120,
+            f"{'s/1k':>7}{'/1k':>7}{'/1k':>8}{'(mean backends)':>19}{'busy':>6}",
+            "  " + "-" * 126,
         ]
         for kind in ("produce", "consume"):
             base: Counted = getattr(scale[0], kind)
@@ -976,7 +1006,13 @@ def report(
                     f"{c.per_1k(c.xids):>7.1f}{c.per_1k(c.wal_bytes) / 1024:>8.0f}"
                     f"{c.activity.get('running', 0):>6.2f}{c.activity.get('lock wait', 0):>6.2f}"
                     f"{c.activity.get('idle in txn', 0):>7.2f}"
+                    f"{c.host_cpu / c.seconds / CORES:>6.0%}"
                 )
+        lines.append(
+            f"  host busy: the machine's CPU in use, all processes, of its {CORES} cores "
+            "(/proc/stat): near 100 % the processes share what is left, and a process's CPU "
+            "a message rises with the waits for a core"
+        )
         idle = ", ".join(f"x{s.processes} {s.idle_cpu * 1000:.0f} ms/s" for s in scale)
         lines.append(f"  broker CPU while idle ({IDLE_S:.0f} s before produce, summed): {idle}")
         lines.append(
@@ -1049,6 +1085,12 @@ def main() -> int:
         "--producers", type=int, default=PRODUCERS, help="scale-out producers (default 16)"
     )
     parser.add_argument(
+        "--warm",
+        type=int,
+        default=SCALE_WARM_REQUESTS,
+        help=f"scale-out warm-up requests per producer (default {SCALE_WARM_REQUESTS})",
+    )
+    parser.add_argument(
         "--statements",
         action="store_true",
         help="load pg_stat_statements (restarts the throwaway server) and print each "
@@ -1112,7 +1154,9 @@ def main() -> int:
                 "in this process",
             ),
         ]
-        print(report(args.producers, header, ref, single, scale, skipped, bare), flush=True)
+        print(
+            report(args.producers, header, ref, single, scale, skipped, bare, args.warm), flush=True
+        )
         ok = True
         return 0
     finally:
