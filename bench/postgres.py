@@ -81,7 +81,7 @@ from typing import Any
 import httpx
 import orjson
 from bare_asgi import BARE_SCHEMA
-from per_message import end_to_end, start_bare, wait_bare
+from per_message import end_to_end, machine_ticks, start_bare, wait_bare
 from produce_fetch import (
     ROOT,
     VALUE,
@@ -163,14 +163,6 @@ def postgres_cpu(postmaster: int) -> float:
 def bench_cpu() -> float:
     times = os.times()
     return times.user + times.system
-
-
-def host_cpu() -> float:
-    """CPU seconds the whole machine has spent busy so far, all cores (/proc/stat: everything
-    but idle and I/O wait): beside the processes' own, it tells a saturated machine."""
-    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
-    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in fields[:8])
-    return (user + nice + system + irq + softirq + steal) / TICKS
 
 
 # --- PostgreSQL: the reference, the server's pid, statistics ------------------------------
@@ -432,7 +424,7 @@ class Counted:
     postgres_cpu: float = 0.0
     bench_cpu: float = 0.0
     throttled: float = 0.0
-    host_cpu: float = 0.0  # the whole machine's busy CPU seconds (host_cpu())
+    host_cpu: float = 0.0  # the whole machine's busy CPU seconds (per_message.machine_ticks)
     xids: int = 0
     wal_bytes: int = 0
     control: dict[str, int] = field(default_factory=dict)
@@ -460,7 +452,8 @@ class Meter:
         broker = sum(cpu_seconds(pid) for pid in self.daphnes)
         pg = postgres_cpu(self.postmaster) if self.postmaster else 0.0
         throttled = sum(q.throttled_s() for q in self.quotas)
-        return broker, pg, bench_cpu(), throttled, host_cpu()
+        # The whole machine's busy CPU too: beside the processes' own, it tells a saturated one.
+        return broker, pg, bench_cpu(), throttled, machine_ticks()[0] / TICKS
 
     @contextmanager
     def measure(self, messages: int) -> Iterator[Counted]:
