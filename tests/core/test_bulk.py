@@ -318,6 +318,38 @@ def test_read_ahead__kept_past_a_write_deferred_to_another_table(db, console):
         assert ran >= 1
 
 
+def test_read_ahead__kept_past_a_copy_into_another_table(db, console, topic_factory):
+    """A COPY (PostgreSQL, from PG_COPY_MIN_ROWS rows) drops only the reads ahead of the table it
+    fills: a group commit's topic, read with its partitions' lock, stays read past its rows."""
+    groups.configure_group(console, "g-copy")
+    pid = models.Partition.objects.get(topic_id=topic_factory(partitions=1).id).id
+    count_sql = "SELECT count(*) FROM broker_message WHERE partition_id = %s"
+    postgresql = connection.vendor == "postgresql"
+
+    def rows(start):
+        return [
+            (pid, start + i, 1, None, None, "{}", b"x", False, 1, None)
+            for i in range(bulk.PG_COPY_MIN_ROWS)
+        ]
+
+    with transaction.atomic():
+        bulk.read_ahead(READ_TIMEOUT, ["g-copy"])
+        bulk.read_ahead(count_sql, [pid])
+        bulk.run("SELECT 1")
+        bulk.insert_rows("broker_message", MESSAGE_COLUMNS, rows(0))
+        assert _read_once("g-copy") == ([(45_000,)], 0 if postgresql else 1)
+        # The read of the table the COPY filled runs again, and sees its rows.
+        with CaptureQueriesContext(connection) as ran:
+            assert bulk.run(count_sql, [pid]) == [(bulk.PG_COPY_MIN_ROWS,)]
+        assert len(ran.captured_queries) == 1
+        # A write deferred before the COPY goes first, and still drops the reads of its table.
+        bulk.read_ahead(READ_TIMEOUT, ["g-copy"])
+        bulk.run("SELECT 1")
+        bulk.defer(SET_TIMEOUT, [3021, "g-copy"], table="broker_consumergroup")
+        bulk.insert_rows("broker_message", MESSAGE_COLUMNS, rows(bulk.PG_COPY_MIN_ROWS))
+        assert _read_once("g-copy") == ([(3021,)], 1)
+
+
 @pytest.mark.django_db(transaction=True)
 def test_read_ahead__sees_what_committed_while_the_statement_before_it_waited(console):
     """The member read with its group's lock: a read ahead runs once the lock is granted, so it

@@ -9,7 +9,7 @@ from asgiref.sync import sync_to_async
 from django.db import connection
 
 from broker import models
-from broker.core import errors, groupcommit, keys, topics
+from broker.core import bulk, errors, groupcommit, keys, topics
 from broker.core.membership import rebalancing
 from broker.core.records import NewMessage
 
@@ -163,10 +163,17 @@ def test_append_batches__the_topic_read_with_the_partitions_lock(topic_factory, 
         assert offsets(outcome) == [value]
         if value:  # the first reads the topic on its own
             assert trips == [["SELECT", "SELECT"], ["INSERT", "UPDATE", "COMMIT"]]
+    # Rows enough for a COPY (its own protocol, not through pgwire): the topic's row read with
+    # the lock is not read again after the rows, under the lock.
+    trips.clear()
+    big = [message(i) for i in range(bulk.PG_COPY_MIN_ROWS)]
+    (outcome,) = groupcommit.append_batches([(keys.CONSOLE, name, big)])
+    assert offsets(outcome) == list(range(3, 3 + bulk.PG_COPY_MIN_ROWS))
+    assert trips == [["SELECT", "SELECT"], ["UPDATE", "COMMIT"]]
     rebalancing.alter_topic(keys.CONSOLE, name, max_message_bytes=4000)
     trips.clear()
     (outcome,) = groupcommit.append_batches([(keys.CONSOLE, name, [message(9)])])
-    assert offsets(outcome) == [3]
+    assert offsets(outcome) == [3 + bulk.PG_COPY_MIN_ROWS]
     # The guess (the lock and the changed row; then a rollback), then as without one.
     assert trips == [["SELECT", "SELECT"], ["SELECT"], ["SELECT"], ["INSERT", "UPDATE", "COMMIT"]]
 
