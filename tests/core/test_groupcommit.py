@@ -132,6 +132,11 @@ def test_append_batches__a_topic_changed_since_the_last_commit_is_read_again(top
     rebalancing.alter_topic(keys.CONSOLE, name, max_message_bytes=4000, partitions=4)
     assert append(big, message(2, partition=3))[1].partition == 3
     rebalancing.alter_topic(keys.CONSOLE, name, max_message_bytes=1000)
+    # Rows enough for a COPY, planned with the last row (4000): the row read with the lock,
+    # before the rows, is the one checked, and nothing is stored.
+    many = [message(i) for i in range(bulk.PG_COPY_MIN_ROWS)]
+    assert isinstance(append(big, *many), errors.MessageTooLarge)
+    assert models.Message.objects.filter(partition__topic__name=name).count() == 3
     assert isinstance(append(big), errors.MessageTooLarge)
     topics.delete_topic(keys.CONSOLE, name)
     assert isinstance(append(message(3)), errors.TopicNotFound)
