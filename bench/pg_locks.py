@@ -16,7 +16,7 @@ them for PAUSE_S while the process would build its rows, update the rows, COMMIT
 It prints the transactions a second and the backends' CPU a transaction, summed over the
 sessions. A scratch table shaped like broker_partition is made and dropped.
 
-    scripts/with-postgres .venv/bin/python bench/pg_locks.py [--transactions 4000]
+    scripts/with-postgres .venv/bin/python bench/pg_locks.py [--transactions 4000] [--rounds 2]
 """
 
 import argparse
