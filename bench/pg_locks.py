@@ -26,6 +26,7 @@ import threading
 import time
 
 import psycopg
+from produce_fetch import cpu_seconds, progress
 
 PAUSE_S = 0.0003  # the process's Python between the lock's answer and the rows
 SESSIONS = 4
@@ -48,13 +49,6 @@ UPDATE = (
 )
 
 
-def backend_cpu(pid: int) -> float:
-    """A backend's user and system CPU seconds (/proc: the server runs on this machine)."""
-    with open(f"/proc/{pid}/stat") as stat:
-        fields = stat.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def appends(conn: psycopg.Connection, count: int, advisory: bool) -> None:
     for _ in range(count):
         with conn.transaction():
@@ -71,14 +65,14 @@ def measure(url: str, sessions: int, advisory: bool, transactions: int) -> tuple
     try:
         pids = [c.info.backend_pid for c in conns]
         each = transactions // sessions
-        cpu, started = sum(map(backend_cpu, pids)), time.perf_counter()
+        cpu, started = sum(map(cpu_seconds, pids)), time.perf_counter()
         threads = [threading.Thread(target=appends, args=(c, each, advisory)) for c in conns]
         for t in threads:
             t.start()
         for t in threads:
             t.join()
         seconds = time.perf_counter() - started
-        used = sum(map(backend_cpu, pids)) - cpu
+        used = sum(map(cpu_seconds, pids)) - cpu
     finally:
         for c in conns:
             c.close()
@@ -107,7 +101,7 @@ def main() -> None:
     try:
         for round_ in range(args.rounds):
             for name, sessions, advisory in parts:
-                print(f"[bench] round {round_ + 1}: {name}", file=sys.stderr, flush=True)
+                progress(f"round {round_ + 1}: {name}")
                 rows.append((name, sessions, *measure(url, sessions, advisory, args.transactions)))
     finally:
         with psycopg.connect(url, autocommit=True) as conn:
