@@ -22,7 +22,11 @@ embedded default, or on PostgreSQL under scripts/with-postgres.
    redelivery (`deliver_messages` of 100) and `ack_messages`, as a consumer that fails a batch
    once meets them;
 7. a dead subscriber's batch: `redeliver_expired` (the deadline sweep) of the 400 it held,
-   then their redelivery and ack 100 at a time, as the member that takes over meets them.
+   then their redelivery and ack 100 at a time, as the member that takes over meets them;
+8. a batch consumer's ack and push: `ack_and_deliver` of B receipts that delivers the next B
+   (prefetch 2*B, an ack per B, keyed 256-byte messages: bench/postgres.py's consume), at B=10
+   and B=100. From the two, what a call costs whatever its size and what each message adds
+   (issue 18: which of the two a change to the B=100 consume has to cut).
 
     .venv/bin/python bench/db_calls.py [--calls 3000]
 """
@@ -225,6 +229,54 @@ def retries(rounds: int) -> list[tuple[str, dict[str, float]]]:
     return out
 
 
+def batch_acks(calls: int) -> list[tuple[int, float]]:
+    """Part 8: (B, µs of CPU per ack_and_deliver call) for B=10 and B=100, their calls taken in
+    turns (this machine's speed drifts within a minute: the two sizes see the same drift)."""
+    from broker.core import delivery, keys, membership, topics
+    from broker.core.log import append_messages
+    from broker.core.records import NewMessage
+
+    console = keys.CONSOLE
+    value = b'"' + b"x" * 254 + b'"'
+    sizes = (10, 100)
+    progress(f"ack and push, prefetch 2*B, an ack per B, B in {sizes}: {calls} calls each")
+    held: dict[int, tuple[str, list[Any]]] = {}
+    for batch in sizes:
+        topic = f"bench-calls-batch-{batch}-{os.getpid()}-{time.time_ns()}"
+        topics.create_topic(console, topic, 1)
+        total = (calls + 2) * batch
+        for start in range(0, total, 1000):
+            count = min(1000, total - start)
+            messages = [NewMessage(value=value, key=f"k{start + i}") for i in range(count)]
+            append_messages(console, topic, messages)
+        membership.join_group(console, topic, topic, "m")
+        first = delivery.deliver_messages(console, topic, topic, "m", 2 * batch).deliveries
+        held[batch] = (topic, list(first))
+    timings: dict[str, float] = {}
+    for _ in range(calls):
+        for batch in sizes:
+            topic, hand = held[batch]
+            receipts = [d.receipt for d in hand[:batch]]
+            del hand[:batch]
+            both = cpu_us(
+                timings,
+                f"B={batch}",
+                delivery.ack_and_deliver,
+                console,
+                topic,
+                receipts,
+                topic,
+                "m",
+                0,
+                batch,
+            )
+            got = both.delivered.deliveries if both.delivered is not None else ()
+            if both.acked.settled != batch or len(got) != batch:
+                raise SystemExit(f"B={batch}: acked {both.acked.settled}, delivered {len(got)}")
+            hand += got
+    return [(batch, timings[f"B={batch}"] / calls * 1e6) for batch in sizes]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=3000, help="calls per part (default 3000)")
@@ -236,6 +288,7 @@ def main() -> int:
     # once their deadlines passed.
     retried = retries(max(10, args.calls // 100))
     results = run(args.calls)
+    batches = batch_acks(max(20, args.calls // 3))
     print(f"\n== Database calls of the per-message path ({connection.vendor}) ==")
     print(f"command: .venv/bin/python bench/db_calls.py --calls {args.calls}")
     for label, timings in results:
@@ -250,6 +303,17 @@ def main() -> int:
     for label, per_round in retried:
         parts = ", ".join(f"{name} {t * 1e3:.1f}" for name, t in per_round.items())
         print(f"{label:<28} {sum(per_round.values()) * 1e3:6.1f} ms CPU per round ({parts})")
+    for batch, per_call in batches:
+        print(
+            f"ack and push, B={batch:<4}        {per_call:6.0f} µs CPU per call, "
+            f"{per_call / batch:.1f} per message"
+        )
+    (small, small_us), (large, large_us) = batches
+    per_message = (large_us - small_us) / (large - small)
+    print(
+        f"  so {small_us - per_message * small:.0f} µs a call whatever its size, "
+        f"and {per_message:.1f} µs a message"
+    )
     return 0
 
 
