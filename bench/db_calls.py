@@ -71,6 +71,27 @@ def _serving_loop() -> asyncio.AbstractEventLoop:
     return loop
 
 
+def ack_and_push(
+    timings: dict[str, float], name: str, topic: str, receipts: list[str], credit: int, most: int
+) -> Any:
+    """Member "m"'s ack and push (its group is named as the topic), as a WebSocket subscriber's:
+    at most `most` messages pushed; its CPU added to timings[name]."""
+    from broker.core import delivery, keys
+
+    return cpu_us(
+        timings,
+        name,
+        delivery.ack_and_deliver,
+        keys.CONSOLE,
+        topic,
+        receipts,
+        topic,
+        "m",
+        credit,
+        most,
+    )
+
+
 def run(calls: int) -> list[tuple[str, dict[str, float]]]:
     from broker.core import delivery, groupcommit, keys, membership, topics
     from broker.core.log import append_messages
@@ -89,29 +110,12 @@ def run(calls: int) -> list[tuple[str, dict[str, float]]]:
         membership.join_group(console, topic, topic, "m")
         return topic
 
-    def ack_and_push(
-        timings: dict[str, float], topic: str, receipts: list[str], credit: int
-    ) -> Any:
-        """The member's ack and push, as a WebSocket subscriber's (at most 100 pushed)."""
-        return cpu_us(
-            timings,
-            "ack_and_deliver",
-            delivery.ack_and_deliver,
-            console,
-            topic,
-            receipts,
-            topic,
-            "m",
-            credit,
-            100,
-        )
-
     progress(f"ack and push: {calls} calls")
     topic = joined_topic("loop", calls + 10)
     held = list(delivery.deliver_messages(console, topic, topic, "m", 2).deliveries)
     timings: dict[str, float] = {}
     for _ in range(calls):
-        both = ack_and_push(timings, topic, [held.pop(0).receipt], 0)
+        both = ack_and_push(timings, "ack_and_deliver", topic, [held.pop(0).receipt], 0, 100)
         held += both.delivered.deliveries
     results.append(("ack and push (prefetch 2)", timings))
 
@@ -137,7 +141,7 @@ def run(calls: int) -> list[tuple[str, dict[str, float]]]:
             cpu_us(timings, "group commit", groupcommit.append_batches, one)
             receipts = [d.receipt for d in last]
             if held_ack:
-                both = ack_and_push(timings, topic, receipts, 63)
+                both = ack_and_push(timings, "ack_and_deliver", topic, receipts, 63, 100)
                 last = list(both.delivered.deliveries)
             else:
                 last = list(
@@ -258,18 +262,7 @@ def batch_acks(calls: int) -> list[tuple[int, float]]:
             topic, hand = held[batch]
             receipts = [d.receipt for d in hand[:batch]]
             del hand[:batch]
-            both = cpu_us(
-                timings,
-                f"B={batch}",
-                delivery.ack_and_deliver,
-                console,
-                topic,
-                receipts,
-                topic,
-                "m",
-                0,
-                batch,
-            )
+            both = ack_and_push(timings, f"B={batch}", topic, receipts, 0, batch)
             got = both.delivered.deliveries if both.delivered is not None else ()
             if both.acked.settled != batch or len(got) != batch:
                 raise SystemExit(f"B={batch}: acked {both.acked.settled}, delivered {len(got)}")
