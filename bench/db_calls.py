@@ -71,6 +71,28 @@ def _serving_loop() -> asyncio.AbstractEventLoop:
     return loop
 
 
+# A 256-byte JSON value, as bench/postgres.py's messages.
+VALUE_256 = b'"' + b"x" * 254 + b'"'
+
+
+def joined_topic(name: str, messages: int, value: bytes = b'"x"', keyed: bool = False) -> str:
+    """A 1-partition topic holding at least messages (appended 1,000 at a time; keyed k<n> if
+    keyed), and member "m" of a group of the same name."""
+    from broker.core import keys, membership, topics
+    from broker.core.log import append_messages
+    from broker.core.records import NewMessage
+
+    topic = f"bench-calls-{name}-{os.getpid()}-{time.time_ns()}"
+    topics.create_topic(keys.CONSOLE, topic, 1)
+    for start in range(0, messages, 1000):
+        batch = [
+            NewMessage(value=value, key=f"k{start + i}" if keyed else None) for i in range(1000)
+        ]
+        append_messages(keys.CONSOLE, topic, batch)
+    membership.join_group(keys.CONSOLE, topic, topic, "m")
+    return topic
+
+
 def ack_and_push(
     timings: dict[str, float], name: str, topic: str, receipts: list[str], credit: int, most: int
 ) -> Any:
@@ -93,22 +115,11 @@ def ack_and_push(
 
 
 def run(calls: int) -> list[tuple[str, dict[str, float]]]:
-    from broker.core import delivery, groupcommit, keys, membership, topics
-    from broker.core.log import append_messages
+    from broker.core import delivery, groupcommit, keys
     from broker.core.records import NewMessage
 
     console = keys.CONSOLE
-    stamp = f"{os.getpid()}-{time.time_ns()}"
     results = []
-
-    def joined_topic(name: str, messages: int) -> str:
-        """A 1-partition topic holding messages, and member "m" of a group of the same name."""
-        topic = f"bench-calls-{name}-{stamp}"
-        topics.create_topic(console, topic, 1)
-        for _ in range(0, messages, 1000):
-            append_messages(console, topic, [NewMessage(value=b'"x"') for _ in range(1000)])
-        membership.join_group(console, topic, topic, "m")
-        return topic
 
     progress(f"ack and push: {calls} calls")
     topic = joined_topic("loop", calls + 10)
@@ -169,12 +180,15 @@ def group_commits(calls: int) -> list[tuple[int, float]]:
 
     topic = f"bench-calls-commits-{os.getpid()}-{time.time_ns()}"
     topics.create_topic(keys.CONSOLE, topic, 4)
-    value = b'"' + b"x" * 254 + b'"'
     out = []
     for requests in (1, 2, 8):
         progress(f"group commits of {requests} request(s) of 100: {calls}")
         batches = [
-            (keys.CONSOLE, topic, [NewMessage(value=value, key=f"k{r}-{i}") for i in range(100)])
+            (
+                keys.CONSOLE,
+                topic,
+                [NewMessage(value=VALUE_256, key=f"k{r}-{i}") for i in range(100)],
+            )
             for r in range(requests)
         ]
         timings: dict[str, float] = {}
@@ -187,20 +201,13 @@ def group_commits(calls: int) -> list[tuple[int, float]]:
 def retries(rounds: int) -> list[tuple[str, dict[str, float]]]:
     """Parts 6 and 7: CPU per round of the retry paths, by call."""
     from broker import models
-    from broker.core import delivery, groups, keys, membership, topics
-    from broker.core.log import append_messages
-    from broker.core.records import NewMessage
+    from broker.core import delivery, groups, keys
 
     console = keys.CONSOLE
-    value = b'"' + b"x" * 254 + b'"'
     out = []
     for label, held in (("a failed batch of 100", 100), ("a dead subscriber's 400", 400)):
         progress(f"{label}: {rounds} rounds")
-        topic = f"bench-calls-retries-{held}-{os.getpid()}-{time.time_ns()}"
-        topics.create_topic(console, topic, 1)
-        for _ in range(0, held * rounds, 1000):
-            append_messages(console, topic, [NewMessage(value=value) for _ in range(1000)])
-        membership.join_group(console, topic, topic, "m")
+        topic = joined_topic(f"retries-{held}", held * rounds, VALUE_256)
         groups.configure_group(console, topic, retry_delays_ms=[0])
         timings: dict[str, float] = {}
         for _ in range(rounds):
@@ -236,24 +243,14 @@ def retries(rounds: int) -> list[tuple[str, dict[str, float]]]:
 def batch_acks(calls: int) -> list[tuple[int, float]]:
     """Part 8: (B, µs of CPU per ack_and_deliver call) for B=10 and B=100, their calls taken in
     turns (this machine's speed drifts within a minute: the two sizes see the same drift)."""
-    from broker.core import delivery, keys, membership, topics
-    from broker.core.log import append_messages
-    from broker.core.records import NewMessage
+    from broker.core import delivery, keys
 
     console = keys.CONSOLE
-    value = b'"' + b"x" * 254 + b'"'
     sizes = (10, 100)
     progress(f"ack and push, prefetch 2*B, an ack per B, B in {sizes}: {calls} calls each")
     held: dict[int, tuple[str, list[Any]]] = {}
     for batch in sizes:
-        topic = f"bench-calls-batch-{batch}-{os.getpid()}-{time.time_ns()}"
-        topics.create_topic(console, topic, 1)
-        total = (calls + 2) * batch
-        for start in range(0, total, 1000):
-            count = min(1000, total - start)
-            messages = [NewMessage(value=value, key=f"k{start + i}") for i in range(count)]
-            append_messages(console, topic, messages)
-        membership.join_group(console, topic, topic, "m")
+        topic = joined_topic(f"batch-{batch}", (calls + 2) * batch, VALUE_256, keyed=True)
         first = delivery.deliver_messages(console, topic, topic, "m", 2 * batch).deliveries
         held[batch] = (topic, list(first))
     timings: dict[str, float] = {}
