@@ -42,7 +42,7 @@ def _validate_receipts(receipts: list[str]) -> list[str]:
     ):
         raise errors.InvalidRequest(f"A receipt is a string of 1 to {RECEIPT_MAX} characters.")
     # A malformed receipt is the client's mistake, not a stale delivery (docs/api.md).
-    malformed = [r for r, where in zip(receipts, _parsed(receipts), strict=True) if where is None]
+    malformed = _groups(receipts)[1]
     if malformed:
         raise errors.InvalidRequest(
             f"{malformed[0]!r} is not a receipt (token.partition.offset, in hex).",
@@ -94,7 +94,7 @@ SELECT_NAMED = (
 DELETE_IN_FLIGHT = "DELETE FROM broker_inflight WHERE id = ANY(%s)"  # bulk.for_ids
 
 
-_NamedReads = list[tuple[tuple[int, int, int, int], list[tuple[str, str, int]]]]
+_NamedReads = list[tuple[tuple[int, int, int, int], list[inflight.ReceiptGroup]]]
 T = TypeVar("T")
 # This thread's last answer of each _remembered function: a settlement looks at its receipts
 # several times (the runs read ahead with the offsets' lock, the check, the runs).
@@ -111,27 +111,33 @@ def _remembered(name: str, key: Hashable, compute: Callable[[], T]) -> T:
     return found
 
 
-def _parsed(receipts: list[str]) -> list[tuple[str, int, int] | None]:
-    """inflight.parse_receipts(receipts), parsed once for the settlement that asks again."""
-    return _remembered("parsed", tuple(receipts), lambda: inflight.parse_receipts(receipts))
+def _groups(receipts: list[str]) -> tuple[list[inflight.ReceiptGroup], list[str]]:
+    """inflight.group_receipts(receipts), parsed once for the settlement that asks again."""
+    return _remembered("groups", tuple(receipts), lambda: inflight.group_receipts(receipts))
 
 
 def _named_reads(group_id: int, receipts: list[str]) -> _NamedReads:
     """The SELECT_NAMED parameters _named reads with, one per partition the receipts name,
-    each with its (receipt, token, offset) triples."""
+    each with the receipts' groups in that partition."""
     return _remembered(
         "reads", (group_id, tuple(receipts)), lambda: _parse_named_reads(group_id, receipts)
     )
 
 
 def _parse_named_reads(group_id: int, receipts: list[str]) -> _NamedReads:
-    by_partition: dict[int, list[tuple[str, str, int]]] = {}
-    for text, where in zip(receipts, _parsed(receipts), strict=True):
-        if where is not None:
-            token, partition_id, offset = where
-            by_partition.setdefault(partition_id, []).append((text, token, offset))
+    by_partition: dict[int, list[inflight.ReceiptGroup]] = {}
+    for group in _groups(receipts)[0]:
+        by_partition.setdefault(group.partition_id, []).append(group)
     return [
-        ((group_id, partition_id, max(n[2] for n in named), min(n[2] for n in named)), named)
+        (
+            (
+                group_id,
+                partition_id,
+                max(g.offsets[-1] for g in named),
+                min(g.offsets[0] for g in named),
+            ),
+            named,
+        )
         for partition_id, named in sorted(by_partition.items())
     ]
 
@@ -144,36 +150,32 @@ def read_named_ahead(group_id: int, receipts: list[str]) -> None:
 
 
 def _named(group_id: int, receipts: list[str]) -> dict[NamedRun, list[tuple[str, int]]]:
-    """The runs the receipts name, each with its named (receipt, offset) pairs."""
-    # By run id: hashing a run's fourteen fields once per receipt cost more than the rest.
-    found: dict[int, tuple[NamedRun, list[tuple[str, int]]]] = {}
+    """The runs the receipts name, each with its named (receipt, offset) pairs, in the order of
+    their partitions and offsets."""
+    found: list[tuple[NamedRun, list[tuple[str, int]]]] = []
     for params, named in _named_reads(group_id, receipts):
-        # Runs of one token do not overlap; broadcast members' runs may share offsets.
-        by_token: dict[str, list[NamedRun]] = {}
+        # One group per token in a partition. Runs of one token do not overlap (broadcast
+        # members' runs may share offsets, under tokens of their own): a run's receipts are
+        # the slice of its token's group between its first and last offset.
+        by_token = {g.token: g for g in named}
+        runs = []
         for row in bulk.run(SELECT_NAMED, params):
             run = NamedRun._make((*row[:13], bool(row[13]), *row[14:]))
-            by_token.setdefault(run.token, []).append(run)
-        starts = {}
-        for token, runs in by_token.items():
-            runs.sort(key=lambda r: r.offset)
-            starts[token] = [r.offset for r in runs]
-        for text, token, offset in named:
-            candidates = by_token.get(token)
-            if candidates is None:
+            group = by_token.get(run.token)
+            if group is None:
                 continue
-            run = candidates[0]
-            if len(candidates) > 1:
-                run = candidates[bisect.bisect_right(starts[token], offset) - 1]
-            if run.offset <= offset <= run.last_offset:
-                entry = found.get(run.id)
-                if entry is None:
-                    entry = found[run.id] = (run, [])
-                entry[1].append((text, offset))
-    return dict(found.values())
+            low = bisect.bisect_left(group.offsets, run.offset)
+            high = bisect.bisect_right(group.offsets, run.last_offset, low)
+            if low < high:
+                pairs = list(zip(group.texts[low:high], group.offsets[low:high], strict=True))
+                runs.append((run, pairs))
+        runs.sort(key=lambda found_run: (found_run[0].offset, found_run[0].id))
+        found.extend(runs)
+    return dict(found)
 
 
 def _receipt_partitions(receipts: list[str]) -> set[int]:
-    return {where[1] for where in _parsed(receipts) if where is not None}
+    return {group.partition_id for group in _groups(receipts)[0]}
 
 
 def _delete_in_flight(ids: list[int]) -> None:
@@ -265,9 +267,12 @@ class _Settling:
             if missing and postgresql
             else found
         )
-        matched = {text for named in self.runs.values() for text, _ in named}
-        self.stale = tuple(r for r in self.receipts if r not in matched)
-        self.count = len(matched)
+        # A receipt names one run at most (the receipts are unique, _validate_receipts).
+        self.count = sum(map(len, self.runs.values()))
+        self.stale: tuple[str, ...] = ()
+        if self.count < len(self.receipts):
+            matched = {text for named in self.runs.values() for text, _ in named}
+            self.stale = tuple(r for r in self.receipts if r not in matched)
 
     @staticmethod
     def _visible(
