@@ -465,6 +465,9 @@ def bookkeeping() -> Iterator[None]:
     with transaction.atomic(durable=True):
         if vendor() == "postgresql":
             defer("SET LOCAL synchronous_commit = off")  # with the first statement
+            limits = pgwire.wait_limits()
+            if limits:
+                defer(limits)  # a call on the event loop (dbthreads.run_here)
         yield
 
 

@@ -22,12 +22,12 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from asgiref.sync import sync_to_async
-from django.db import connection
+from django.db import DEFAULT_DB_ALIAS, connection, connections
 from django.db.backends.signals import connection_created
 from django.db.utils import DatabaseError, OperationalError
 
 from broker import settings as ferry_settings
-from broker.core import outages
+from broker.core import outages, pgwire
 
 T = TypeVar("T")
 
@@ -285,16 +285,19 @@ class _WriterBusy(Exception):
 
 
 async def run_here(fn: Callable[..., T], *args: Any) -> T:
-    """run(fn, *args), or on the event loop's own thread when the database is SQLite and
-    nothing else writes to it: this loop's calls on the writer thread are done (it waits for
-    them, and goes before those asked for after it) and no other connection holds the write
-    lock (docs/decisions/0021-short-calls-on-the-event-loop.md).
+    """run(fn, *args), or on the event loop's own thread: on SQLite when nothing else writes to
+    it, that is this loop's calls on the writer thread are done (it waits for them, and goes
+    before those asked for after it) and no other connection holds the write lock
+    (docs/decisions/0021-short-calls-on-the-event-loop.md); on PostgreSQL within the bounds of
+    _here_on_postgresql (docs/decisions/0023-short-calls-on-the-loop-on-postgresql.md).
 
     For short calls that do not wait for the disk (a few messages' push or ack, committed
     without a flush): the loop runs nothing else meanwhile. They then cost no hop to the
     writer thread and back, and no GIL handed to and fro for each statement.
     """
     pool, loop, asked = _get_pool(), asyncio.get_running_loop(), time.perf_counter()
+    if pool is not None and connection.vendor == "postgresql":
+        return await _here_on_postgresql(pool, loop, asked, fn, *args)
     writing, writes = _writing, _writes_of(loop)
     if pool is None or writing is None or writes is None:
         return await run(fn, *args)
@@ -367,6 +370,150 @@ def _here(loop: asyncio.AbstractEventLoop, fn: Callable[..., T], *args: Any) -> 
         with connection.execute_wrapper(_FirstBegin()):
             return _call(loop, fn, *args)
     finally:
+        asyncio.events._set_running_loop(loop)
+
+
+# PostgreSQL: what a call on the event loop's thread waits for at most, in ms: a row lock held
+# by another transaction, a statement. Past either it keeps nothing and goes to a database
+# thread, which waits as long as it takes.
+LOOP_LOCK_TIMEOUT_MS = 50
+LOOP_STATEMENT_TIMEOUT_MS = 250
+
+
+@dataclass
+class _LoopCalls:
+    """PostgreSQL: one event loop's short calls (run_here) on the database threads."""
+
+    pending: int = 0  # on a database thread, or in its queue
+    asking: int = 0  # asked for and not yet begun (run_here's first turn of the loop)
+    # The loop's last short call went well: the next may run on the loop. False at first, and
+    # after the database failed one on the loop, until one on a thread goes well.
+    healthy: bool = False
+    opening: bool = False  # its connection being opened on a database thread
+
+
+_loop_calls: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopCalls]" = (
+    weakref.WeakKeyDictionary()
+)
+
+
+class _ToThread(Exception):
+    """The database failed a call on the loop before anything of it committed."""
+
+
+async def _here_on_postgresql(
+    pool: ThreadPoolExecutor,
+    loop: asyncio.AbstractEventLoop,
+    asked: float,
+    fn: Callable[..., T],
+    *args: Any,
+) -> T:
+    """run_here() on PostgreSQL (docs/decisions/0023-short-calls-on-the-loop-on-postgresql.md).
+
+    On the loop's thread when it is the loop's only short call (none other asked for in the same
+    turn of the loop, none on a database thread) and the last went well; its connection is
+    opened on a database thread, never on the loop. A call
+    that meets a lock held for LOOP_LOCK_TIMEOUT_MS, a statement past LOOP_STATEMENT_TIMEOUT_MS
+    or a database error before anything of it committed runs again on a database thread.
+    """
+    calls = _loop_calls.get(loop)
+    if calls is None:
+        calls = _loop_calls[loop] = _LoopCalls()
+    # One turn of the loop first: calls asked for at once (a commit that wakes many
+    # subscribers' pushes) go to the threads, whose waits for the server overlap; the loop
+    # would run them one after the other.
+    calls.asking += 1
+    try:
+        await asyncio.sleep(0)
+        alone = calls.asking == 1
+    finally:
+        calls.asking -= 1
+    if alone and calls.healthy and not calls.pending and await _loop_connection(pool, loop, calls):
+        started = time.perf_counter()
+        try:
+            try:
+                result = _here_postgresql(loop, fn, *args)
+            finally:
+                ended = time.perf_counter()
+        except _ToThread:
+            calls.healthy = False
+        except BaseException:
+            _count("loop", fn, asked, started, ended)
+            raise
+        else:
+            _count("loop", fn, asked, started, ended)
+            await asyncio.sleep(0)  # the loop's other work before the caller's next step
+            return result
+    calls.pending += 1
+    try:
+        result = await _on_writer(loop, pool, asked, fn, *args)
+    except BaseException as exc:
+        # Not the database's error (a refusal of the core's, the caller gone): it answered, so
+        # the loop may try again.
+        calls.healthy = not isinstance(exc, DatabaseError)
+        raise
+    finally:
+        calls.pending -= 1
+    calls.healthy = True
+    return result
+
+
+async def _loop_connection(
+    pool: ThreadPoolExecutor, loop: asyncio.AbstractEventLoop, calls: _LoopCalls
+) -> bool:
+    """Whether the loop thread's connection is open, opened on a database thread if it was not
+    (a borrow from the pool may wait, and the loop must not). False while another call opens it:
+    that one goes to a thread meanwhile."""
+    db = _loop_thread_connection(loop)
+    if db.connection is not None:
+        return True
+    if calls.opening:
+        return False
+
+    def open_it() -> None:
+        db.inc_thread_sharing()
+        try:
+            db.ensure_connection()
+        finally:
+            db.dec_thread_sharing()
+
+    calls.opening = True
+    try:
+        await loop.run_in_executor(pool, open_it)
+    except DatabaseError:
+        return False
+    finally:
+        calls.opening = False
+    return db.connection is not None
+
+
+def _loop_thread_connection(loop: asyncio.AbstractEventLoop) -> Any:
+    """The loop thread's own connection, as its calls find it: with the loop unset. While the
+    loop runs, Django's connections are kept per task (asgiref's Local), not per thread."""
+    asyncio.events._set_running_loop(None)
+    try:
+        return connections[DEFAULT_DB_ALIAS]
+    finally:
+        asyncio.events._set_running_loop(loop)
+
+
+def _here_postgresql(loop: asyncio.AbstractEventLoop, fn: Callable[..., T], *args: Any) -> T:
+    """fn(*args) on this thread's own connection within the loop's limits; _ToThread if the
+    database failed it before anything of it committed."""
+    # Django refuses its ORM on a thread where an event loop runs; this call is meant to.
+    asyncio.events._set_running_loop(None)
+    _local.loop = loop
+    mark = outages.commit_mark()
+    try:
+        with pgwire.bounded_waits(LOOP_LOCK_TIMEOUT_MS, LOOP_STATEMENT_TIMEOUT_MS):
+            return fn(*args)
+    except outages.ERRORS as exc:
+        outages.drop_if_broken()
+        if outages.nothing_committed_since(mark):
+            raise _ToThread from exc
+        raise
+    finally:
+        _local.loop = None
         asyncio.events._set_running_loop(loop)
 
 

@@ -25,11 +25,13 @@ GIL for it, and each time the event loop's thread waits for the GIL that costs a
 it and back, two context switches: called through ctypes.PyDLL, the GIL stays held.
 """
 
+import contextlib
 import ctypes
 import functools
 import re
 import select
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple
 
 from psycopg import errors as pg_errors
@@ -329,3 +331,28 @@ def _leave_pipeline(session: _Session, synced: bool, collected: bool) -> None:
         pgconn.exit_pipeline_mode()
     except Exception:  # noqa: S110 -- broken meanwhile; the first error is the one raised
         pass
+
+
+# The bounded_waits() of this thread's call: the statement that sets them, or None.
+_bounds = threading.local()
+
+
+@contextlib.contextmanager
+def bounded_waits(lock_ms: int, statement_ms: int) -> Iterator[None]:
+    """On PostgreSQL, a bookkeeping transaction begun inside (bulk.bookkeeping) waits at most
+    lock_ms for a row lock another transaction holds and statement_ms for a statement, then
+    fails and keeps nothing: for a call on the event loop's thread, which must not stop the
+    loop for another transaction or a slow server (dbthreads.run_here)."""
+    _bounds.sql = (
+        f"SELECT set_config('lock_timeout', '{int(lock_ms)}', true), "
+        f"set_config('statement_timeout', '{int(statement_ms)}', true)"
+    )
+    try:
+        yield
+    finally:
+        _bounds.sql = None
+
+
+def wait_limits() -> str | None:
+    """The statement that sets this thread's bounded_waits(), or None outside them."""
+    return getattr(_bounds, "sql", None)

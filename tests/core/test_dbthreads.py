@@ -9,12 +9,13 @@ import threading
 import time
 from collections.abc import Iterator
 
+import psycopg
 import pytest
 from django.db import connection, transaction
 from django.db.utils import DatabaseError
 
 from broker import models
-from broker.core import dbthreads, errors, topics
+from broker.core import bulk, dbthreads, errors, topics
 from tests.sessions import terminate_own_session
 
 
@@ -223,8 +224,93 @@ async def test_run_here__leaves_a_database_another_writes_to_the_writer_thread(w
     assert await dbthreads.run_here(_create_topic_in_a_transaction, "free") == _thread_name()
 
 
-@pytest.mark.django_db(transaction=True)
-async def test_run_here__on_postgresql_on_the_writer_thread(pools):
+@pytest.fixture
+def pools_on_postgresql(pools) -> None:
     if connection.vendor != "postgresql":
-        pytest.skip("PostgreSQL has writer threads enough")
-    assert (await dbthreads.run_here(_thread_name)).startswith("ferry-db")
+        pytest.skip("run_here() on PostgreSQL")
+
+
+def _lock_topic(name: str) -> str:
+    """A bookkeeping transaction that takes the topic's row lock, as a push takes its group's."""
+    with bulk.bookkeeping():
+        list(models.Topic.objects.select_for_update().filter(name=name))
+    return _thread_name()
+
+
+def _backend_pid() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        (pid,) = cursor.fetchone()
+    return int(pid)
+
+
+def _other_session(sql: str, params: list[object], held: threading.Event, release: threading.Event):
+    """sql in a transaction of another session, kept open until release is set."""
+    with psycopg.connect(**connection.get_connection_params()) as other:
+        other.execute(sql, params)
+        held.set()
+        release.wait(10)
+        other.commit()
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_run_here__on_postgresql_on_the_loop_once_a_call_went_well(pools_on_postgresql):
+    # Nothing known of the database yet: a thread's call first, then the loop's own.
+    assert (await dbthreads.run_here(_create_topic_in_a_transaction, "first")).startswith(
+        "ferry-db"
+    )
+    assert await dbthreads.run_here(_create_topic_in_a_transaction, "then") == _thread_name()
+    assert await dbthreads.run_here(_lock_topic, "then") == _thread_name()
+    assert await dbthreads.run(lambda: models.Topic.objects.filter(name="then").exists())
+    assert dbthreads.call_figures()[("loop", "_lock_topic")].calls >= 1
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_run_here__on_postgresql_a_lock_held_elsewhere_is_waited_for_on_a_thread(
+    pools_on_postgresql,
+):
+    await dbthreads.run_here(_create_topic_in_a_transaction, "locked")
+    held, release = threading.Event(), threading.Event()
+    sql = "SELECT id FROM broker_topic WHERE name = %s FOR UPDATE"
+    holder = threading.Thread(target=_other_session, args=(sql, ["locked"], held, release))
+    holder.start()
+    assert await asyncio.to_thread(held.wait, 10)
+    ticks = 0
+
+    async def tick() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0.01)
+
+    ticker = asyncio.ensure_future(tick())
+    asyncio.get_running_loop().call_later(0.4, release.set)
+    started = time.monotonic()
+    try:
+        ran_on = await dbthreads.run_here(_lock_topic, "locked")
+    finally:
+        ticker.cancel()
+        release.set()
+        await asyncio.to_thread(holder.join)
+    # The loop gave up after LOOP_LOCK_TIMEOUT_MS and ran on meanwhile; a thread waited.
+    assert ran_on.startswith("ferry-db")
+    assert time.monotonic() - started >= 0.3
+    assert ticks >= 15
+    # That call went well: the next runs on the loop again.
+    assert await dbthreads.run_here(_lock_topic, "locked") == _thread_name()
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_run_here__on_postgresql_a_lost_session_runs_the_call_again_on_a_thread(
+    pools_on_postgresql,
+):
+    await dbthreads.run_here(_create_topic_in_a_transaction, "a")
+    pid = await dbthreads.run_here(_backend_pid)  # the loop's own session
+    assert pid != await dbthreads.run(_backend_pid)
+    with psycopg.connect(**connection.get_connection_params(), autocommit=True) as other:
+        await asyncio.to_thread(other.execute, "SELECT pg_terminate_backend(%s)", [pid])
+    # Nothing of it committed on the loop: done once, on a thread.
+    assert (await dbthreads.run_here(_create_topic_in_a_transaction, "b")).startswith("ferry-db")
+    assert await dbthreads.run(lambda: models.Topic.objects.filter(name="b").count()) == 1
+    # Then on the loop again, on a new session.
+    assert await dbthreads.run_here(_backend_pid) not in (pid, await dbthreads.run(_backend_pid))
