@@ -412,9 +412,9 @@ async def _here_on_postgresql(
 
     On the loop's thread when it is the loop's only short call (none other asked for in the same
     turn of the loop, none on a database thread) and the last went well; its connection is
-    opened on a database thread, never on the loop. A call
-    that meets a lock held for LOOP_LOCK_TIMEOUT_MS, a statement past LOOP_STATEMENT_TIMEOUT_MS
-    or a database error before anything of it committed runs again on a database thread.
+    opened on a database thread, never on the loop. A call that meets a lock held longer than
+    LOOP_LOCK_TIMEOUT_MS, a statement past LOOP_STATEMENT_TIMEOUT_MS or a database error before
+    anything of it committed runs again on a database thread.
     """
     calls = _loop_calls.get(loop)
     if calls is None:
