@@ -12,11 +12,12 @@ PostgreSQL), so a write sent to the wrong pool fails loudly instead of racing th
 """
 
 import asyncio
+import contextlib
 import functools
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -296,10 +297,12 @@ async def run_here(fn: Callable[..., T], *args: Any) -> T:
     writer thread and back, and no GIL handed to and fro for each statement.
     """
     pool, loop, asked = _get_pool(), asyncio.get_running_loop(), time.perf_counter()
-    if pool is not None and connection.vendor == "postgresql":
+    if pool is None:
+        return await run(fn, *args)
+    if _writing is None:  # PostgreSQL (_get_pool): no writer lock
         return await _here_on_postgresql(pool, loop, asked, fn, *args)
     writing, writes = _writing, _writes_of(loop)
-    if pool is None or writing is None or writes is None:
+    if writes is None:
         return await run(fn, *args)
     if writes.pending:
         writes.waiting += 1
@@ -355,9 +358,7 @@ class _FirstBegin:
 def _here(loop: asyncio.AbstractEventLoop, fn: Callable[..., T], *args: Any) -> T:
     """fn(*args) on this thread's own connection; raises _WriterBusy if the write lock was
     another's (nothing was done then)."""
-    # Django refuses its ORM on a thread where an event loop runs; this call is meant to.
-    asyncio.events._set_running_loop(None)
-    try:
+    with _loop_hidden(loop):
         if connection.connection is None:
             connection.ensure_connection()
         raw = connection.connection
@@ -369,6 +370,19 @@ def _here(loop: asyncio.AbstractEventLoop, fn: Callable[..., T], *args: Any) -> 
             _local.here_connection = raw
         with connection.execute_wrapper(_FirstBegin()):
             return _call(loop, fn, *args)
+
+
+@contextlib.contextmanager
+def _loop_hidden(loop: asyncio.AbstractEventLoop) -> Iterator[None]:
+    """The loop's thread as Django sees a thread without a loop, the loop set again after.
+
+    Django refuses its ORM on a thread where an event loop runs, and while one runs it keeps
+    connections per task (asgiref's Local): the loop's own calls run with it hidden, and so
+    find the thread's one connection.
+    """
+    asyncio.events._set_running_loop(None)
+    try:
+        yield
     finally:
         asyncio.events._set_running_loop(loop)
 
@@ -488,33 +502,27 @@ async def _loop_connection(
 
 
 def _loop_thread_connection(loop: asyncio.AbstractEventLoop) -> Any:
-    """The loop thread's own connection, as its calls find it: with the loop unset. While the
-    loop runs, Django's connections are kept per task (asgiref's Local), not per thread."""
-    asyncio.events._set_running_loop(None)
-    try:
+    """The loop thread's own connection, as its calls find it (_loop_hidden)."""
+    with _loop_hidden(loop):
         return connections[DEFAULT_DB_ALIAS]
-    finally:
-        asyncio.events._set_running_loop(loop)
 
 
 def _here_postgresql(loop: asyncio.AbstractEventLoop, fn: Callable[..., T], *args: Any) -> T:
     """fn(*args) on this thread's own connection within the loop's limits; _ToThread if the
     database failed it before anything of it committed."""
-    # Django refuses its ORM on a thread where an event loop runs; this call is meant to.
-    asyncio.events._set_running_loop(None)
-    _local.loop = loop
-    mark = outages.commit_mark()
-    try:
-        with pgwire.bounded_waits(LOOP_LOCK_TIMEOUT_MS, LOOP_STATEMENT_TIMEOUT_MS):
-            return fn(*args)
-    except outages.ERRORS as exc:
-        outages.drop_if_broken()
-        if outages.nothing_committed_since(mark):
-            raise _ToThread from exc
-        raise
-    finally:
-        _local.loop = None
-        asyncio.events._set_running_loop(loop)
+    with _loop_hidden(loop):
+        _local.loop = loop
+        mark = outages.commit_mark()
+        try:
+            with pgwire.bounded_waits(LOOP_LOCK_TIMEOUT_MS, LOOP_STATEMENT_TIMEOUT_MS):
+                return fn(*args)
+        except outages.ERRORS as exc:
+            outages.drop_if_broken()
+            if outages.nothing_committed_since(mark):
+                raise _ToThread from exc
+            raise
+        finally:
+            _local.loop = None
 
 
 def _read_call(
