@@ -24,6 +24,7 @@ import broker
 from broker import api
 from broker import settings as ferry_settings
 from broker.core import dbthreads, errors, figures, keys
+from broker.core.log import recent
 from broker.core.records import Principal
 
 LOOPBACK = {"127.0.0.1", "::1"}
@@ -193,6 +194,28 @@ class DatabaseThreadsCollector(Collector):
         yield from (calls, busy, queued)
 
 
+class MessageCacheCollector(Collector):
+    """What this process keeps of its own appends for deliveries (core/log/recent.py)."""
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        reads = CounterMetricFamily(
+            "ferry_message_cache_reads",
+            "Deliveries' reads of messages this process appended: kept in memory, or read.",
+            labels=["result"],
+        )
+        for result, count in sorted(recent.reads().items()):
+            reads.add_metric([result], count)
+        yield reads
+        yield GaugeMetricFamily(
+            "ferry_message_cache_bytes",
+            "What the messages kept in memory cost, against FERRY_MESSAGE_CACHE_MB.",
+            value=recent.kept_bytes(),
+        )
+
+
 def _scraper(request: HttpRequest) -> Principal:
     """Who is scraping, by FERRY_METRICS_AUTH: loopback (default), open, key or basic."""
     mode = str(ferry_settings.get("METRICS_AUTH"))
@@ -242,4 +265,5 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
     registry.register(BrokerCollector(principal))
     registry.register(REQUEST_SECONDS)
     registry.register(DatabaseThreadsCollector())
+    registry.register(MessageCacheCollector())
     return HttpResponse(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)

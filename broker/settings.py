@@ -65,9 +65,13 @@ class Defaults:
     # read for it in the same database call, pushed as its next acks come (0: none; only with
     # FERRY_WS_ACK_HOLD_MS above 0, which settles those acks).
     WS_READ_AHEAD: int = 16
-    # On SQLite, a WebSocket push or ack of at most this many messages runs on the event loop's
-    # own thread when nothing else writes (no hop to the database thread; 0: never).
+    # A WebSocket push or ack of at most this many messages runs on the event loop's own thread
+    # (no hop to a database thread; 0: never): on SQLite when nothing else writes, on
+    # PostgreSQL with its waits bounded (docs/decisions/0023).
     WS_LOOP_CALL_MESSAGES: int = 128
+    # Messages this process appended lately are kept in memory, up to this many MiB, and
+    # deliveries of them read no rows (broker/core/log/recent.py; 0: none are kept).
+    MESSAGE_CACHE_MB: float = 64.0
     # Message trace events are kept this long, and purged this often.
     TRACE_RETENTION_SECONDS: int = 7 * 24 * 3600
     TRACE_PURGE_INTERVAL_SECONDS: float = 300.0

@@ -10,6 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from broker import models
 from broker.core import dbthreads, delivery, groups, keys, log, membership
+from broker.core.log import recent
 from broker.core.records import NewMessage
 
 CONSOLE = keys.CONSOLE
@@ -81,6 +82,25 @@ def test_metrics__this_processs_database_threads(db, monkeypatch):
     assert got[("ferry_database_calls_total", labels)] == 3
     assert got[("ferry_database_call_seconds_total", labels)] == 0.5
     assert got[("ferry_database_call_queued_seconds_total", labels)] == 0.25
+
+
+def test_metrics__this_processs_message_cache(
+    topic_factory, django_capture_on_commit_callbacks, monkeypatch
+):
+    monkeypatch.setattr(recent, "_answered", {"kept": 0, "read": 0})
+    recent.clear()
+    topic_factory("orders")
+    with django_capture_on_commit_callbacks(execute=True):
+        log.append_messages(CONSOLE, "orders", [NewMessage(b"1") for _ in range(3)])
+    membership.join_group(CONSOLE, "g", "orders", "m")
+    delivery.deliver_messages(CONSOLE, "g", "orders", "m", 10)
+    recent.clear()
+    membership.join_group(CONSOLE, "g2", "orders", "m")
+    delivery.deliver_messages(CONSOLE, "g2", "orders", "m", 10)  # nothing kept: read
+    _, got = scrape()
+    assert got[("ferry_message_cache_reads_total", frozenset({("result", "kept")}))] == 1
+    assert got[("ferry_message_cache_reads_total", frozenset({("result", "read")}))] == 1
+    assert got[("ferry_message_cache_bytes", frozenset())] == 0
 
 
 @pytest.mark.parametrize(

@@ -48,6 +48,16 @@ def database_calls(http_url: str) -> Counter[tuple[str, str]]:
     return found
 
 
+def cache_reads(http_url: str) -> Counter[str]:
+    """The server's ferry_message_cache_reads_total by result, from its /metrics."""
+    found: Counter[str] = Counter()
+    for family in text_string_to_metric_families(httpx.get(f"{http_url}/metrics").text):
+        for s in family.samples:
+            if s.name == "ferry_message_cache_reads_total":
+                found[s.labels["result"]] = int(s.value)
+    return found
+
+
 def subscribe(ws, topic, group="g", **fields):
     send(ws, {"type": "subscribe", "sub": "s", "topic": topic, "group": group, **fields})
     return recv_type(ws, "subscribed")
@@ -267,7 +277,7 @@ def test_held_acks__a_subscriber_acking_each_message_of_a_fast_stream_gets_them_
             await asyncio.wait_for(tasks, 30)
             return values, acked
 
-    before = database_calls(broker_url)
+    before, kept_before = database_calls(broker_url), cache_reads(broker_url)
     values, acked = asyncio.run(run())
     assert sorted(values) == list(range(total))
     assert acked == total
@@ -276,6 +286,8 @@ def test_held_acks__a_subscriber_acking_each_message_of_a_fast_stream_gets_them_
     grown = database_calls(broker_url) - before
     assert grown[("write", "append_batches")] >= 1
     assert sum(n for (pool, _), n in grown.items() if pool == "loop") >= 1
+    # Published to this process, the messages were pushed from its memory (log/recent.py).
+    assert (cache_reads(broker_url) - kept_before)["kept"] >= 1
     deadline = time.monotonic() + 10
     while models.GroupMember.objects.exists():
         assert time.monotonic() < deadline, "the subscription did not leave its group"

@@ -579,8 +579,8 @@ class _Batch:
         # Every message goes out as it is (no filter, TTL, trace or auto-ack): taken whole.
         plain = everything and ttl is None and not self.topic.trace and not self.auto_ack
         while taken < wanted and position < p.next_offset and scanned < SCAN_LIMIT:
-            chunk = log.read_partition(
-                p.id, p.number, position, wanted - taken if everything else FILTERED_READ
+            chunk = log.read_locked(
+                p, self.topic.created_at, position, wanted - taken if everything else FILTERED_READ
             )
             if not chunk:
                 break

@@ -16,7 +16,7 @@ from django.db.models import Sum
 from broker import models
 from broker import settings as ferry_settings
 from broker.core import bulk, errors, events, keys, partitioning, topics, trace
-from broker.core.log import delayed
+from broker.core.log import delayed, recent
 from broker.core.records import AppendResult, NewMessage, Principal
 
 # Raw SQL on the produce hot path: the ORM's bulk_create costs more per row than the insert
@@ -304,6 +304,7 @@ def _store(
     # Plain dicts and locals in the per-message loop: it runs once per message of every batch.
     next_offset = {n: p.next_offset for n, p in partitions.items()}
     partition_id = {n: p.id for n, p in partitions.items()}
+    partition_number = {p.id: n for n, p in partitions.items()}
     added_bytes = dict.fromkeys(partitions, 0)
     rows: list[tuple[object, ...]] = []
     placed: dict[int, tuple[int, int]] = {}
@@ -330,6 +331,7 @@ def _store(
         results[index] = AppendResult(number, offset, False)
         placed[index] = (number, offset)
     _insert_rows(rows)
+    recent.keep_on_commit(topic.created_at, partition_number, rows)
     for number, p in partitions.items():
         p.next_offset = next_offset[number]
         p.bytes_stored += added_bytes[number]

@@ -1,10 +1,12 @@
 """Reading the log: fetch a partition's messages (long-polling too), look offsets up by time."""
 
+import datetime
 from typing import Any, NamedTuple
 
 from broker import models
 from broker import settings as ferry_settings
 from broker.core import bulk, dbthreads, errors, events, keys, topics
+from broker.core.log import recent
 from broker.core.records import FetchResult, OffsetLookup, Principal, StoredMessage
 
 # Raw SELECTs for the fetch hot path: the ORM would compile the query on every fetch, parse
@@ -66,8 +68,28 @@ def read_partition(partition_id: int, number: int, offset: int, limit: int) -> l
 
 def read_partition_ahead(partition_id: int, offset: int, limit: int) -> None:
     """Announce read_partition(partition_id, _, offset, limit) as the transaction's next read
-    (bulk.read_ahead): on PostgreSQL it comes back with the statement that runs next."""
-    bulk.read_ahead(SELECT_MESSAGES, (partition_id, offset, offset + limit))
+    (bulk.read_ahead): on PostgreSQL it comes back with the statement that runs next. What this
+    process keeps of the partition from offset on (log/recent.py) is not read: only the rest,
+    which read_locked reads next."""
+    end = recent.kept_end(partition_id, offset)
+    if end is None:
+        bulk.read_ahead(SELECT_MESSAGES, (partition_id, offset, offset + limit))
+    elif end < offset + limit:
+        bulk.read_ahead(SELECT_MESSAGES, (partition_id, end, offset + limit))
+
+
+def read_locked(
+    partition: models.Partition, stamp: datetime.datetime, offset: int, limit: int
+) -> list[StoredMessage]:
+    """read_partition for a caller that locked the partition's offsets row in this transaction
+    and read the partition's row with it, from offset (at least its start_offset, below its
+    next_offset) on: what this process keeps of those messages (log/recent.py), or else the
+    database's. stamp: the topic's created_at."""
+    stop = min(offset + limit, partition.next_offset)
+    kept = recent.take(partition.id, stamp, offset, stop)
+    if kept is not None:
+        return kept
+    return read_partition(partition.id, partition.number, offset, limit)
 
 
 def read_messages(
