@@ -27,6 +27,14 @@ def build_beat_schedule(sender: Celery, **kwargs: object) -> None:
 
 
 @celeryd_init.connect
+def keep_no_messages(**kwargs: object) -> None:
+    """A worker delivers nothing, so it keeps none of the messages it appends (released delayed
+    messages, committed transactions) in memory (broker/core/log/recent.py), unless
+    FERRY_MESSAGE_CACHE_MB says otherwise."""
+    os.environ.setdefault("FERRY_MESSAGE_CACHE_MB", "0")
+
+
+@celeryd_init.connect
 def check_before_starting(**kwargs: object) -> None:
     """A worker starts only on a reachable, migrated database and a reachable Redis.
 

@@ -210,3 +210,17 @@ def test_worker_ready__the_worker_heartbeats_as_a_worker(monkeypatch):
     monkeypatch.setattr(background, "start_heartbeat", started.append)
     worker_ready.send(sender=None)
     assert started == ["worker"]
+
+
+def test_worker__keeps_no_messages_unless_told(monkeypatch):
+    from broker import settings as ferry_settings
+    from mqsite import celery
+
+    # Set first, so that the test's end takes back what keep_no_messages sets.
+    monkeypatch.setenv("FERRY_MESSAGE_CACHE_MB", "1")
+    monkeypatch.delenv("FERRY_MESSAGE_CACHE_MB")
+    celery.keep_no_messages()
+    assert ferry_settings.get("MESSAGE_CACHE_MB") == 0
+    monkeypatch.setenv("FERRY_MESSAGE_CACHE_MB", "32")
+    celery.keep_no_messages()
+    assert ferry_settings.get("MESSAGE_CACHE_MB") == 32
