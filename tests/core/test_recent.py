@@ -205,3 +205,18 @@ def test_partitions_interleaved_in_a_batch__each_kept_whole(topic_factory, conso
         kept = recent.take(p.id, stamp, 0, 3)
         assert kept == log.read_partition(p.id, number, 0, 3)
         assert [orjson.loads(m.value) for m in kept or []] == [number, number + 2, number + 4]
+
+
+def test_headers_in_the_middle_of_a_batch__end_a_run_on_postgresql(
+    topic_factory, console, committed
+):
+    topic = topic_factory().name
+    batch = messages(2) + messages(1, start=2, headers={"h": "v"}) + messages(2, start=3)
+    committed(console, topic, batch)
+    p, stamp = partition_of(topic), created_at(topic)
+    stored = log.read_partition(p.id, 0, 0, 5)
+    if bulk.vendor() == "postgresql":
+        assert recent.take(p.id, stamp, 0, 5) is None
+        assert recent.take(p.id, stamp, 3, 5) == stored[3:]
+    else:
+        assert recent.take(p.id, stamp, 0, 5) == stored

@@ -24,13 +24,16 @@ Why what is served is what the database holds:
 
 FERRY_MESSAGE_CACHE_MB bounds the memory (0: nothing is kept). Past it, the partition appended
 to longest ago loses the older half of what it holds.
+
+The append's rows are kept as they are, and a delivery makes its StoredMessages from them
+(docs/decisions/0024-recent-messages-kept-in-memory.md says why: the garbage collector).
 """
 
 import datetime
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from django.core.signals import setting_changed
@@ -50,17 +53,22 @@ _SMALLEST_HALF = 64
 
 @dataclass
 class _Kept:
-    """One partition's messages, offsets first to first + len(messages) - 1."""
+    """One partition's appended rows (log.MESSAGE_COLUMNS), offsets first to first + len - 1.
+
+    The rows as the append made them, plain tuples of numbers, strings and bytes: the garbage
+    collector stops tracking such a tuple at its first collection, where it would walk every
+    kept StoredMessage (a tuple's subclass) at each full collection, and the cost of those
+    grows with what is kept. take makes the messages."""
 
     stamp: datetime.datetime
+    number: int
     first: int
-    messages: list[StoredMessage] = field(default_factory=list)
-    sizes: list[int] = field(default_factory=list)
-    size: int = 0
+    rows: list[tuple[Any, ...]]
+    size: int
 
     @property
     def end(self) -> int:
-        return self.first + len(self.messages)
+        return self.first + len(self.rows)
 
 
 _lock = threading.Lock()
@@ -91,34 +99,14 @@ def _keep(
     stamp: datetime.datetime, numbers: dict[int, int], rows: Sequence[tuple[Any, ...]]
 ) -> None:
     global _size
-    # PostgreSQL gives headers back as jsonb renders them; the rows hold them as sent.
-    headers_kept = bulk.vendor() != "postgresql"
-    # The runs of contiguous offsets, made before the lock is taken: a delivery on the event
-    # loop may be waiting for it.
-    runs: list[tuple[int, _Kept]] = []
-    run: _Kept | None = None
-    for pid, offset, ts, key, tag, headers, value, is_json, size, client_id in rows:
-        if headers != "{}" and not headers_kept:
-            run = None  # a gap: what follows starts a run of its own
-            continue
-        if run is None or runs[-1][0] != pid or run.end != offset:
-            run = _Kept(stamp, offset)
-            runs.append((pid, run))
-        if type(value) is not bytes:
-            value = bytes(value)
-        run.messages.append(
-            StoredMessage(numbers[pid], offset, ts, key, tag, headers, value, is_json, client_id)
-        )
-        cost = size + _OVERHEAD_BYTES
-        run.sizes.append(cost)
-        run.size += cost
+    # Made before the lock is taken: a delivery on the event loop may be waiting for it.
+    runs = [(pid, _run(stamp, numbers[pid], part)) for pid, part in _parts(rows)]
     budget = budget_bytes()
     with _lock:
         for pid, run in runs:
             kept = _kept.get(pid)
             if kept is not None and kept.stamp == stamp and kept.end == run.first:
-                kept.messages += run.messages
-                kept.sizes += run.sizes
+                kept.rows += run.rows
                 kept.size += run.size
             else:
                 if kept is not None:
@@ -128,6 +116,43 @@ def _keep(
             _kept.move_to_end(pid)
         while _size > budget and _kept:
             _shed()
+
+
+def _parts(rows: Sequence[tuple[Any, ...]]) -> list[tuple[int, Sequence[tuple[Any, ...]]]]:
+    """The rows as runs of contiguous offsets, by partition id. An append gives each partition's
+    messages offsets one after the other, so each partition's rows are one run, unless a row
+    is left out: on PostgreSQL, one with headers (the database gives them back as jsonb
+    renders them, the rows hold them as sent), which ends its partition's run."""
+    if not rows:
+        return []
+    drop_headers = bulk.vendor() == "postgresql"
+    pid = rows[0][0]
+    if all(row[0] == pid for row in rows) and not (
+        drop_headers and any(row[5] != "{}" for row in rows)
+    ):
+        return [(pid, rows)]  # one partition, nothing left out: the common batch
+    parts: list[tuple[int, Sequence[tuple[Any, ...]]]] = []
+    open_parts: dict[int, list[tuple[Any, ...]]] = {}
+    for row in rows:
+        if drop_headers and row[5] != "{}":
+            open_parts.pop(row[0], None)
+            continue
+        part = open_parts.get(row[0])
+        if part is None:
+            part = open_parts[row[0]] = []
+            parts.append((row[0], part))
+        part.append(row)
+    return parts
+
+
+def _run(stamp: datetime.datetime, number: int, rows: Sequence[tuple[Any, ...]]) -> _Kept:
+    return _Kept(stamp, number, rows[0][1], list(rows), _cost(rows))
+
+
+def _cost(rows: Sequence[tuple[Any, ...]]) -> int:
+    """What rows cost against the budget: their size_bytes (value, key, headers) and the rest."""
+    sizes: list[int] = [row[8] for row in rows]
+    return sum(sizes) + _OVERHEAD_BYTES * len(rows)
 
 
 def _forget(pid: int) -> None:
@@ -141,13 +166,12 @@ def _shed() -> None:
     when it holds few. Caller holds _lock."""
     global _size
     pid, kept = next(iter(_kept.items()))
-    if len(kept.messages) < _SMALLEST_HALF:
+    if len(kept.rows) < _SMALLEST_HALF:
         _forget(pid)
         return
-    half = len(kept.messages) // 2
-    shed = sum(kept.sizes[:half])
-    del kept.messages[:half]
-    del kept.sizes[:half]
+    half = len(kept.rows) // 2
+    shed = _cost(kept.rows[:half])
+    del kept.rows[:half]
     kept.first += half
     kept.size -= shed
     _size -= shed
@@ -176,7 +200,13 @@ def take(
             _answered["read"] += 1
             return None
         _answered["kept"] += 1
-        return kept.messages[start - kept.first : min(stop, kept.end) - kept.first]
+        rows = kept.rows[start - kept.first : min(stop, kept.end) - kept.first]
+        number = kept.number
+    make = StoredMessage._make  # the tuple as is: a third of the cost of StoredMessage(...)
+    return [
+        make((number, o, ts, k, t, h, v if type(v) is bytes else bytes(v), j, c))
+        for _, o, ts, k, t, h, v, j, _, c in rows
+    ]
 
 
 def kept_bytes() -> int:
