@@ -4,6 +4,7 @@ import subprocess
 import tempfile
 import time
 from collections import Counter
+from typing import Any
 
 import httpx
 import orjson
@@ -38,24 +39,26 @@ def recv_type(ws, kind, timeout=10):
             return frame
 
 
+def scraped(http_url: str, name: str) -> list[Any]:
+    """The samples of one metric in the server's /metrics."""
+    text = httpx.get(f"{http_url}/metrics").text
+    return [s for f in text_string_to_metric_families(text) for s in f.samples if s.name == name]
+
+
 def database_calls(http_url: str) -> Counter[tuple[str, str]]:
     """The server's ferry_database_calls_total by (pool, call), from its /metrics."""
-    found: Counter[tuple[str, str]] = Counter()
-    for family in text_string_to_metric_families(httpx.get(f"{http_url}/metrics").text):
-        for s in family.samples:
-            if s.name == "ferry_database_calls_total":
-                found[(s.labels["pool"], s.labels["call"])] = int(s.value)
-    return found
+    return Counter(
+        {
+            (s.labels["pool"], s.labels["call"]): int(s.value)
+            for s in scraped(http_url, "ferry_database_calls_total")
+        }
+    )
 
 
 def cache_reads(http_url: str) -> Counter[str]:
     """The server's ferry_message_cache_reads_total by result, from its /metrics."""
-    found: Counter[str] = Counter()
-    for family in text_string_to_metric_families(httpx.get(f"{http_url}/metrics").text):
-        for s in family.samples:
-            if s.name == "ferry_message_cache_reads_total":
-                found[s.labels["result"]] = int(s.value)
-    return found
+    samples = scraped(http_url, "ferry_message_cache_reads_total")
+    return Counter({s.labels["result"]: int(s.value) for s in samples})
 
 
 def subscribe(ws, topic, group="g", **fields):
