@@ -407,3 +407,47 @@ def test_run_together__each_statements_rows_in_order_in_one_round_trip(db, conso
             # The read announced went after them, and answers once.
             assert _read_once("g-together") == ([(4001,)], 0)
         assert _read_once("g-together") == ([(4001,)], 1)
+
+
+def _settings() -> tuple[str, str, str]:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT current_setting('synchronous_commit'), current_setting('lock_timeout'), "
+            "current_setting('statement_timeout')"
+        )
+        return cursor.fetchone()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_bookkeeping__commits_without_the_flush_and_with_the_calls_bounded_waits(pipelines):
+    """On PostgreSQL a bookkeeping transaction's settings go with its first statement: no wait
+    for the WAL's flush at its commit and, in a call on the event loop (pgwire.bounded_waits),
+    the lock and statement timeouts; all for that transaction only."""
+    if connection.vendor != "postgresql":
+        pytest.skip("PostgreSQL's settings")
+    with connection.cursor() as cursor:
+        cursor.execute("SET synchronous_commit = on")  # the test server's default is off
+    try:
+        _check_bookkeeping_settings(pipelines)
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("RESET synchronous_commit")  # the session goes back to the pool
+
+
+def _check_bookkeeping_settings(pipelines: list[list[str]]) -> None:
+    from broker.core import pgwire
+
+    before = _settings()
+    assert before[0] == "on"
+    pipelines.clear()
+    with bulk.bookkeeping():
+        assert _settings() == ("off", before[1], before[2])
+    assert pipelines[0] == ["SET LOCAL synchronous_commit = off"]  # deferred to the first
+    assert _settings() == before
+    pipelines.clear()
+    with pgwire.bounded_waits(50, 250):
+        limits = pgwire.wait_limits()
+        with bulk.bookkeeping():
+            assert _settings() == ("off", "50ms", "250ms")
+    assert pipelines[0] == ["SET LOCAL synchronous_commit = off", limits]
+    assert _settings() == before
