@@ -9,7 +9,7 @@ from django.db import IntegrityError, connection, transaction
 from django.test.utils import CaptureQueriesContext
 
 from broker import models
-from broker.core import bulk, groups
+from broker.core import bulk, groups, pgwire
 from broker.core.log.append import MESSAGE_COLUMNS
 
 
@@ -435,14 +435,13 @@ def test_bookkeeping__commits_without_the_flush_and_with_the_calls_bounded_waits
 
 
 def _check_bookkeeping_settings(pipelines: list[list[str]]) -> None:
-    from broker.core import pgwire
-
     before = _settings()
     assert before[0] == "on"
     pipelines.clear()
     with bulk.bookkeeping():
         assert _settings() == ("off", before[1], before[2])
-    assert pipelines[0] == ["SET LOCAL synchronous_commit = off"]  # deferred to the first
+    # Sent in the round trip of the transaction's first statement (bulk.defer).
+    assert pipelines[0] == ["SET LOCAL synchronous_commit = off"]
     assert _settings() == before
     pipelines.clear()
     with pgwire.bounded_waits(50, 250):
