@@ -256,6 +256,44 @@ async def test_append_messages__the_wait_is_bounded_and_a_lone_producer_never_wa
     await close_thread_connection()
 
 
+async def test_append_messages__a_wait_in_vain_is_not_repeated(topic_factory, settings, commits):
+    """A producer sending at a steady rate, whose request once met a slow commit, does not
+    come back just after a commit: once a wait has ended on its timer and nobody else came
+    during that commit either, the next request's commit starts at once (not PEAK_SECONDS
+    later)."""
+    settings.FERRY_GROUP_COMMIT_WAIT_MS = 5000
+    topic = (await sync_to_async(topic_factory)()).name
+    sent = time.monotonic()
+    # The second arrives during the first's commit, so the next commit waits for a crowd of
+    # two (no longer than the last commit took), which does not come.
+    await asyncio.gather(produce(topic, 0), produce(topic, 1, 0.05))
+    assert commits.started - sent >= 0.35
+    sent = time.monotonic()
+    await produce(topic, 2)
+    assert commits.started - sent < 0.15
+    assert commits == [1, 1, 1]
+    await close_thread_connection()
+
+
+async def test_append_messages__producers_later_than_the_wait_keep_the_crowd(
+    topic_factory, settings, commits
+):
+    """Producers held back longer than the wait (a process short of CPU) but back by the end
+    of the commit are still waited for: the commit after them waits again."""
+    settings.FERRY_GROUP_COMMIT_WAIT_MS = 5000
+    topic = (await sync_to_async(topic_factory)()).name
+    await asyncio.gather(*(produce(topic, i) for i in range(4)))
+    sent = time.monotonic()
+    # Two come back at once, and wait 0.2 s (the last commit) in vain; the other two come
+    # during their commit, and their own commit waits for the four again.
+    await asyncio.gather(
+        produce(topic, 4), produce(topic, 5), produce(topic, 6, 0.3), produce(topic, 7, 0.3)
+    )
+    assert commits == [4, 2, 2]
+    assert commits.started - sent >= 0.55  # wait, commit, wait: not 0.4 without the second
+    await close_thread_connection()
+
+
 def test_wait_ms_setting__picks_by_database(settings):
     settings.FERRY_GROUP_COMMIT_WAIT_MS = -1
     expected = groupcommit.PG_WAIT_MS if connection.vendor == "postgresql" else 0.0
