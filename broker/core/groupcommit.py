@@ -162,8 +162,8 @@ class _Queue:
     # Running tasks, referenced so that they are not collected mid-way.
     tasks: set["asyncio.Task[None]"] = field(default_factory=set)
     # The most requests a commit held, with those waiting when it ended, within PEAK_SECONDS
-    # of the last time it was as many: how many producers are in play. Lowered to a commit's
-    # count when its wait ended on the timer and the rest had not come by its end either.
+    # of the last time it was as many (or lowered to those a wait gathered before its timer
+    # ended it): how many producers are in play.
     peak: int = 1
     peak_at: float = 0.0
     # While the drain waits for more requests: its future, and how many it waits for.
@@ -171,8 +171,8 @@ class _Queue:
     # How long the last commit took, seconds: the longest the next one waits.
     last_commit_s: float = 0.0
 
-    def note_group(self, size: int, now: float, *, waited_in_vain: bool = False) -> None:
-        if size >= self.peak or waited_in_vain or now - self.peak_at > PEAK_SECONDS:
+    def note_group(self, size: int, now: float) -> None:
+        if size >= self.peak or now - self.peak_at > PEAK_SECONDS:
             self.peak, self.peak_at = size, now
 
     def note_arrival(self) -> None:
@@ -213,7 +213,7 @@ async def _drain(queue: _Queue) -> None:
     loop = asyncio.get_running_loop()
     try:
         while queue.waiting:
-            in_vain = await _gather(queue, loop)
+            await _gather(queue, loop)
             group, size = [], 0
             while queue.waiting and size + len(queue.waiting[0].messages) <= MAX_GROUP_MESSAGES:
                 size += len(queue.waiting[0].messages)
@@ -232,7 +232,7 @@ async def _drain(queue: _Queue) -> None:
             queue.last_commit_s = ended - started
             # Those it held come back soon if their producers wait for the answer to send
             # again; those waiting already are on their way in.
-            queue.note_group(len(group) + len(queue.waiting), ended, waited_in_vain=in_vain)
+            queue.note_group(len(group) + len(queue.waiting), ended)
             for w, outcome in zip(group, outcomes, strict=True):
                 if w.future.done():
                     continue  # the caller went away (a closed connection)
@@ -246,24 +246,24 @@ async def _drain(queue: _Queue) -> None:
         queue.draining = False
 
 
-async def _gather(queue: _Queue, loop: asyncio.AbstractEventLoop) -> bool:
+async def _gather(queue: _Queue, loop: asyncio.AbstractEventLoop) -> None:
     """Wait up to FERRY_GROUP_COMMIT_WAIT_MS for as many requests as the recent peak, and no
     longer than the last commit took (a wait longer than a commit would cost more than it saves).
 
     A lone producer, or requests that never came together, never wait: the peak is then 1.
-    Returns whether it waited and the timer ended the wait. If the rest have not come by the end
-    of the commit either, they are not producers that come back just after a commit (one
-    sending at a steady rate without waiting for its answers, whose request once met a slow
-    commit), and the peak comes down: waiting for them again would only delay each of their
-    messages until the peak expired. Producers held back longer than the wait (a process short
-    of CPU) are waiting by the end of the commit, and keep it.
+    A wait that ends on its timer lowers the peak to the requests that came: producers that do
+    not wait for their answers (one sending at a steady rate, whose request once met a slow
+    commit) do not come back just after a commit, and waiting for them again would only delay
+    each of their messages until the peak expired. The commit's end counts those waiting then,
+    as after every commit: producers held back longer than the wait (a process short of CPU)
+    but back by then raise it again.
     """
     wait_ms = wait_ms_setting()
     if wait_ms <= 0 or len(queue.waiting) >= queue.peak:
-        return False
+        return
     if loop.time() - queue.peak_at > PEAK_SECONDS:
         queue.peak = 1  # the crowd went away: no waiting for it
-        return False
+        return
     enough: asyncio.Future[None] = loop.create_future()
     queue.gathering = (enough, queue.peak)
     timer = loop.call_later(min(wait_ms / 1000, queue.last_commit_s), _resolve, enough)
@@ -272,7 +272,8 @@ async def _gather(queue: _Queue, loop: asyncio.AbstractEventLoop) -> bool:
     finally:
         timer.cancel()
         queue.gathering = None
-    return len(queue.waiting) < queue.peak
+    if len(queue.waiting) < queue.peak:  # the timer ended it
+        queue.peak, queue.peak_at = max(1, len(queue.waiting)), loop.time()
 
 
 def wait_ms_setting() -> float:
