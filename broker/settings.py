@@ -60,7 +60,9 @@ class Defaults:
     WS_PUSH_BATCH: int = 2000
     # An ack of a subscriber with credit left waits up to this long for the subscription's
     # next push, and is settled with it in one database call (0: each ack settles at once).
-    WS_ACK_HOLD_MS: int = 2
+    # Long enough for a subscriber fed 50 messages a second or more (docs/benchmarks.md,
+    # session 33).
+    WS_ACK_HOLD_MS: int = 20
     # A subscriber waiting for the credit its ack frees gets up to this many more messages
     # read for it in the same database call, pushed as its next acks come (0: none; only with
     # FERRY_WS_ACK_HOLD_MS above 0, which settles those acks).
