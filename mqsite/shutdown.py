@@ -7,7 +7,8 @@ failed with a KeyError) becomes drain():
 1. it stops listening: new connections are refused;
 2. a request begun on a kept-alive connection from now on gets 503 `unavailable` (Connection:
    close), and idle kept-alive connections are closed; requests begun before, their bodies
-   still arriving included, are served;
+   still arriving included, are served, with Connection: close when their answer has not
+   begun (so a load balancer sends its next request elsewhere, not here to be refused);
 3. waiting long polls answer now with what they find (core/events.py stop_waiting);
 4. each WebSocket gets `closing`, its members leave their groups, so their unacked messages are
    deliverable to the rest of the group at once, and it closes with 4503 (broker/consumers.py);
@@ -59,6 +60,7 @@ def hook_daphne() -> None:
     if not serving.under_daphne():
         return
     from daphne import http_protocol, server  # type: ignore[import-untyped]
+    from twisted.web import http as twisted_http
 
     listen_success = server.Server.listen_success
 
@@ -93,6 +95,17 @@ def hook_daphne() -> None:
         return process(self)
 
     http_protocol.WebRequest.process = process_unless_stopping
+    check_persistence = twisted_http.HTTPChannel.checkPersistence
+
+    def close_after_if_stopping(self: Any, request: Any, version: bytes) -> bool:
+        # A request whose headers end after the drain began: its answer says Connection: close.
+        persistent = check_persistence(self, request, version)
+        if _stopping:
+            request.responseHeaders.setRawHeaders(b"connection", [b"close"])
+        return bool(persistent)
+
+    channel = twisted_http.HTTPChannel
+    channel.checkPersistence = close_after_if_stopping  # type: ignore[method-assign]
     server.Server.kill_all_applications = _graceful_stop
 
 
@@ -123,6 +136,7 @@ async def drain(server: Any) -> None:
     await events.stop_waiting()
     websockets = asyncio.ensure_future(consumers.close_all(limit_s))
     while loop.time() < deadline:
+        _close_after_their_answers()
         _close_idle_connections()
         if websockets.done() and not _requests_in_flight(server):
             break
@@ -155,6 +169,22 @@ def _close_idle_connections() -> None:
         driving = getattr(transport, "wrappedProtocol", getattr(transport, "protocol", None))
         if driving is protocol:
             transport.loseConnection()
+
+
+def _close_after_their_answers() -> None:
+    """Answers not begun of requests in flight say Connection: close: a client or a load balancer
+    then sends its next request on a new connection (elsewhere), not here to be refused."""
+    for protocol in list(_channels):
+        channel = getattr(protocol, "_channel", protocol)
+        transport = channel.transport
+        if transport is None or not channel.requests:
+            continue
+        driving = getattr(transport, "wrappedProtocol", getattr(transport, "protocol", None))
+        if driving is not protocol:
+            continue  # upgraded to a WebSocket: consumers.close_all ends it
+        for request in channel.requests:
+            if not request.startedWriting:
+                request.setHeader(b"connection", b"close")
 
 
 def _refuse(request: Any) -> None:

@@ -49,8 +49,9 @@ def start_slow_produce(url: str, secret: str, topic: str) -> tuple[socket.socket
     return sock, body[half:]
 
 
-def read_response(reader: Any) -> tuple[int, dict[str, Any]]:
-    """One HTTP/1.1 response from a connection's buffered reader (sock.makefile("rb"))."""
+def read_response(reader: Any) -> tuple[int, dict[str, Any], Any]:
+    """One HTTP/1.1 response from a connection's buffered reader (sock.makefile("rb")): its
+    status, its JSON body and its headers."""
     status = int(reader.readline().split()[1])
     headers = http.client.parse_headers(reader)
     if headers.get("transfer-encoding", "").lower() == "chunked":
@@ -61,7 +62,7 @@ def read_response(reader: Any) -> tuple[int, dict[str, Any]]:
         reader.readline()
     else:
         body = reader.read(int(headers["content-length"]))
-    return status, orjson.loads(body)
+    return status, orjson.loads(body), headers
 
 
 def refuses_connections(url: str, within_s: float = 5) -> bool:
@@ -93,11 +94,13 @@ def test_shutdown__request_in_flight_finishes_and_new_connections_are_refused(
             # The rest of its body, and a second request on the same (kept-alive) connection.
             sock.sendall(rest + b"GET /api/v1/health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
             reader = sock.makefile("rb")
-            status, body = read_response(reader)
-            later_status, later = read_response(reader)
+            status, body, headers = read_response(reader)
+            later_status, later, _ = read_response(reader)
             reader.close()
         assert status == 200, body
         assert body["results"][0]["offset"] == 0
+        # Its answer tells the client (or a load balancer) to send the next request elsewhere.
+        assert headers["connection"] == "close"
         # Begun after the signal: refused with the documented body, nothing done.
         assert later_status == 503, later
         assert later["error"]["code"] == "unavailable"
