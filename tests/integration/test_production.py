@@ -1,15 +1,20 @@
-"""The README's production section, run as written: PostgreSQL, Redis, two Daphnes, Celery.
+"""The README's production section, run as written: PostgreSQL, Redis, two Daphnes behind
+HAProxy with TLS, Celery.
 
 The commands are read from README.md's code block, so the test and the page cannot drift. What
 the test changes, and only that: the services' directories and ports (private ones on
-loopback), `-b 0.0.0.0 -p 8000` (loopback, free ports), the placeholders (`…`) and the URLs of
-the services it started; `scripts/setup` is skipped (the suite's own set-up made `.venv`).
+loopback, free ports for Daphne and HAProxy), the placeholders (`…`), the URLs of the services
+it started, and `FERRY_LB_CERT` (a self-signed certificate for the README's host and
+127.0.0.1); `scripts/setup` is skipped (the suite's own set-up made `.venv`).
 """
 
+import asyncio
 import os
 import re
 import secrets
 import shlex
+import signal
+import ssl
 import subprocess
 import tempfile
 import threading
@@ -18,7 +23,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import orjson
 import pytest
+import websockets
 
 from tests.integration.conftest import ROOT, free_port, stop
 
@@ -35,6 +42,22 @@ def readme_commands() -> list[str]:
     joined = re.sub(r"\\\n\s*", " ", block.group(1))
     lines = [re.sub(r"\s+#.*$", "", line).strip() for line in joined.splitlines()]
     return [line for line in lines if line and not line.startswith("#")]
+
+
+def test_operations_doc__the_load_balancer_config_is_what_scripts_haproxy_prints():
+    """docs/operations.md shows `scripts/haproxy config`'s output for the README's set-up."""
+    text = (ROOT / "docs" / "operations.md").read_text()
+    shown = re.search(r"```console\n\$ (scripts/haproxy config .*?)\n(.*?)```", text, re.S)
+    assert shown is not None
+    env = {
+        "PATH": os.environ["PATH"],
+        "DJANGO_ALLOWED_HOSTS": "broker.example.com",
+        "FERRY_LB_CERT": "/etc/ssl/private/broker.pem",
+    }
+    printed = subprocess.run(
+        shlex.split(shown.group(1)), cwd=ROOT, env=env, capture_output=True, text=True, check=True
+    )
+    assert printed.stdout == shown.group(2)
 
 
 def fresh_env(data_dir: Path) -> dict[str, str]:
@@ -55,12 +78,24 @@ class Deployment:
         self.services: list[tuple[str, Path]] = []
         self.processes: list[subprocess.Popen[bytes]] = []
         self.urls: list[str] = []
+        self.ports: dict[str, str] = {}  # the README's Daphne ports, to the free ones used
+        self.daphnes: dict[str, subprocess.Popen[bytes]] = {}  # by the port used
+        self.balancer = ""
+        self.cert = workdir / "broker.pem"
         self.key = ""
         self.host = ""
 
     def run(self, line: str) -> None:
         argv = shlex.split(line)
+        env = dict(self.env)
+        while "=" in argv[0]:  # VAR=value before the command: for that command only
+            name, _, _ = argv.pop(0).partition("=")
+            assert name == "FERRY_LB_CERT", line
+            env[name] = self._certificate()
         if argv[0] == "scripts/setup":
+            return
+        if argv[:2] == ["scripts/haproxy", "start"]:
+            self.balancer = self._balancer(argv, env)
             return
         if argv[0] == "scripts/redis" and argv[1] == "start":
             self.env["REDIS_URL"] = self._service("redis", argv[:2])
@@ -69,8 +104,7 @@ class Deployment:
                 name, _, value = assignment.partition("=")
                 self._export(name, value)
         elif argv[0].endswith("bin/daphne"):
-            for _ in range(2):  # "one per port or host, as many as you like": two
-                self._daphne(argv)
+            self._daphne(argv)
         elif argv[0].endswith("bin/celery"):
             self._start("celery", argv)
         else:
@@ -112,15 +146,63 @@ class Deployment:
         port = free_port()
         argv = list(argv)
         argv[argv.index("-b") + 1] = "127.0.0.1"  # loopback only, whatever the README binds
+        self.ports[argv[argv.index("-p") + 1]] = str(port)
         argv[argv.index("-p") + 1] = str(port)
         self._start(f"daphne-{port}", argv)
+        self.daphnes[str(port)] = self.processes[-1]
         self.urls.append(f"http://127.0.0.1:{port}")
+
+    def _balancer(self, argv: list[str], env: dict[str, str]) -> str:
+        """scripts/haproxy start, on a free port, in front of the Daphnes the README started."""
+        directory = self.workdir / "haproxy"
+        servers = []
+        for server in argv[4:]:
+            host, _, port = server.rpartition(":")
+            servers.append(f"{host}:{self.ports[port]}")
+        started = subprocess.run(
+            [*argv[:2], str(directory), f"127.0.0.1:{free_port()}", *servers],
+            cwd=ROOT,
+            env=env,
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        self.services.append((argv[0], directory))
+        return started.stdout.strip().splitlines()[-1]
+
+    def _certificate(self) -> str:
+        """A certificate and its key in one PEM file, for the README's host and 127.0.0.1."""
+        key, crt = self.workdir / "broker.key", self.workdir / "broker.crt"
+        names = f"subjectAltName=DNS:{self.host},IP:127.0.0.1"
+        subprocess.run(
+            [
+                *("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"),
+                *("-keyout", str(key), "-out", str(crt), "-subj", f"/CN={self.host}"),
+                *("-addext", names),
+            ],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
+        self.cert.write_bytes(crt.read_bytes() + key.read_bytes())
+        return str(self.cert)
 
     def _start(self, name: str, argv: list[str]) -> None:
         with open(self.workdir / f"{name}.log", "wb") as out:
             self.processes.append(
                 subprocess.Popen(argv, cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT)
             )
+
+    def serving_websocket(self) -> subprocess.Popen[bytes]:
+        """The Daphne that accepted the one WebSocket opened so far (its access log says so)."""
+        deadline = time.monotonic() + WAIT_S
+        while time.monotonic() < deadline:
+            for port, proc in self.daphnes.items():
+                if "WSCONNECT /ws/v1/" in (self.workdir / f"daphne-{port}.log").read_text():
+                    return proc
+            time.sleep(0.1)
+        raise AssertionError(f"no Daphne logged the WebSocket:\n{self.logs()}")
 
     def logs(self) -> str:
         return "\n".join(p.read_text()[-1500:] for p in self.workdir.glob("*.log"))
@@ -132,8 +214,9 @@ class Deployment:
             subprocess.run([script, "stop", str(directory)], cwd=ROOT, check=False)
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def deployment() -> Iterator[Deployment]:
+    """One deployment for the module's tests; the last one stops a Daphne."""
     with tempfile.TemporaryDirectory(prefix="ferry-readme-") as workdir:
         deployed = Deployment(Path(workdir))
         # scripts/postgres runs the server as its own user when we are root: it must reach it.
@@ -221,3 +304,148 @@ def test_readme_production__produce_and_consume_through_both_processes(deploymen
     # Beat's schedule went to the data directory, not into the checkout.
     assert list((deployment.workdir / "data").glob("celerybeat-schedule*"))
     assert not list(ROOT.glob("celerybeat-schedule*"))
+
+
+def test_readme_production__one_address_in_front_of_both_processes(deployment):
+    """HAProxy (scripts/haproxy, with TLS) in front of both Daphnes: REST and a WebSocket through
+    one address, both processes serving; the client's own address in the audit log and in
+    /metrics' loopback rule; a Daphne stopped with SIGTERM skipped, no request failed."""
+    assert deployment.balancer.startswith("https://127.0.0.1:")
+    context = ssl.create_default_context(cafile=str(deployment.workdir / "broker.crt"))
+    headers = {"Authorization": f"Bearer {deployment.key}", "Host": deployment.host}
+    # From 127.0.0.2: this machine, but not the 127.0.0.1 HAProxy itself connects from, so the
+    # broker shows whose address it took.
+    transport = httpx.HTTPTransport(verify=context, local_address="127.0.0.2")
+    lb = httpx.Client(
+        base_url=f"{deployment.balancer}/api/v1", headers=headers, transport=transport, timeout=30
+    )
+    with lb:
+        wait_until(lambda: healthy(lb), "HAProxy to serve", deployment)
+        created = lb.post(
+            "/topics",
+            json={"name": "behind-lb", "partitions": 2},
+            headers={"X-Forwarded-For": "127.0.0.1"},  # a client's own header is replaced
+        )
+        assert created.status_code == 201
+        # The console's HSTS: Django saw HAProxy's X-Forwarded-Proto (FERRY_HTTPS=1 trusts it).
+        login = lb.get(f"{deployment.balancer}/login/")
+        assert login.status_code == 200
+        assert "strict-transport-security" in login.headers
+        # /metrics answers loopback only (FERRY_METRICS_AUTH): a scraper on a Daphne's own port,
+        # not a client through HAProxy, even one that says it is 127.0.0.1.
+        metrics = f"{deployment.balancer}/metrics"
+        assert lb.get(metrics, headers={"X-Forwarded-For": "127.0.0.1"}).status_code == 403
+        assert httpx.get(f"{deployment.urls[0]}/metrics", headers=headers).status_code == 200
+        probes = {secrets.token_hex(4) for _ in range(20)}
+        for probe in probes:
+            assert lb.get("/health", params={"probe": probe}).status_code == 200
+        answered = [
+            {probe for probe in probes if f"probe={probe}" in log.read_text()}
+            for log in sorted(deployment.workdir.glob("daphne-*.log"))
+        ]
+        assert len(answered) == 2
+        assert all(answered), answered  # both processes served some
+        assert set.union(*answered) == probes
+
+        entry = subprocess.run(
+            [
+                *(".venv/bin/python", "manage.py", "shell", "-c"),
+                "from broker.models import AuditEntry as A; "
+                "print(A.objects.get(action='topic.create', target='behind-lb').client_ip)",
+            ],
+            cwd=ROOT,
+            env=deployment.env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert entry.stdout.split()[-1:] == ["127.0.0.2"], entry.stdout + entry.stderr
+
+        # Producers send through the address all along, while a process stops under them.
+        answers: list[tuple[int, str]] = []  # status, and the message's value or the error
+        sending = threading.Event()
+        sending.set()
+
+        def produce(worker: int) -> None:
+            with httpx.Client(
+                base_url=f"{deployment.balancer}/api/v1",
+                headers=headers,
+                transport=httpx.HTTPTransport(verify=context),
+                timeout=30,
+            ) as producer:
+                n = 0
+                while sending.is_set():
+                    n += 1
+                    value = f"producer {worker} message {n}"
+                    try:
+                        sent = producer.post(
+                            "/topics/behind-lb/messages", json={"messages": [{"value": value}]}
+                        )
+                    except httpx.TransportError as exc:  # no answer: a failure too
+                        answers.append((0, repr(exc)))
+                        continue
+                    answers.append((sent.status_code, value if sent.is_success else sent.text))
+
+        producers = [threading.Thread(target=produce, args=(w,)) for w in range(3)]
+
+        # A WebSocket through the same address: subscribed, then a message produced over REST.
+        async def subscriber() -> tuple[str, int]:
+            # The README's host in the URL (its Host header and TLS name); the socket to HAProxy.
+            port = deployment.balancer.rsplit(":", 1)[1]
+            async with websockets.connect(
+                f"wss://{deployment.host}:{port}/ws/v1/",
+                host="127.0.0.1",
+                ssl=context,
+                additional_headers={"Authorization": headers["Authorization"]},
+                open_timeout=10,
+            ) as ws:
+                await ws.send(
+                    orjson.dumps(
+                        {"type": "subscribe", "sub": "s", "topic": "behind-lb", "group": "lb"}
+                    ).decode()
+                )
+                assert orjson.loads(await asyncio.wait_for(ws.recv(), 10))["type"] == "subscribed"
+                sent = await asyncio.to_thread(
+                    lb.post, "/topics/behind-lb/messages", json={"messages": [{"value": "one"}]}
+                )
+                assert sent.status_code == 200
+                frame = orjson.loads(await asyncio.wait_for(ws.recv(), 10))
+                assert frame["type"] == "messages"
+                value = frame["items"][0]["value"]
+                for producer in producers:
+                    producer.start()
+                await asyncio.sleep(1)
+                # Then the process under it stops: `closing`, and the socket closes with 4503.
+                deployment.serving_websocket().send_signal(signal.SIGTERM)
+                closing = orjson.loads(await asyncio.wait_for(ws.recv(), 20))
+                while closing["type"] == "messages":  # the producers' messages, until then
+                    closing = orjson.loads(await asyncio.wait_for(ws.recv(), 20))
+                assert closing["type"] == "closing"
+                with pytest.raises(websockets.ConnectionClosed) as closed:
+                    await asyncio.wait_for(ws.recv(), 20)
+                return value, closed.value.rcvd.code if closed.value.rcvd else 0
+
+        try:
+            value, code = asyncio.run(subscriber())
+            # HAProxy's health check marks the stopped process down within 2 s; until then a
+            # connection it refuses is tried on the other one.
+            time.sleep(3)
+        finally:
+            sending.clear()
+            for producer in producers:
+                producer.join(60)
+        assert value == "one"
+        assert code == 4503
+        failed = [answer for answer in answers if answer[0] != 200]
+        assert not failed, failed[:5]
+        assert len(answers) > 30
+        # Each answered produce stored once: none lost, none sent twice by HAProxy's retries.
+        stored = [
+            item["value"]
+            for partition in (0, 1)
+            for item in lb.get(
+                f"/topics/behind-lb/partitions/{partition}/messages",
+                params={"offset": 0, "limit": 10000},
+            ).json()["messages"]
+        ]
+        assert sorted(stored) == sorted(["one", *(value for _, value in answers)])
