@@ -34,7 +34,9 @@ DATABASE_URL); not part of the test suite (STYLE.md §6). One process, one machi
    and background jobs off, each process held to 0.2 of a core (cpu.cfs_quota_us 20000 of
    cpu.cfs_period_us 100000 in /sys/fs/cgroup/cpu/ferry-bench-<pid>-<n>/): a stand-in for one
    process per machine. There is no load balancer: each client connects to one process's
-   port, round robin. Per process count:
+   port, round robin; with --balancer, through HAProxy on one port in front of them
+   (scripts/haproxy, as the README's production set-up; not held to a quota, its CPU printed
+   apart). Per process count:
    - produce: 16 producer threads, B=100 keyed messages per request, a 4-partition topic,
      measured after each producer's request to another topic (--warm: how many) has warmed up
      the new processes; afterwards every partition's offsets are contiguous (results and end
@@ -56,7 +58,7 @@ DATABASE_URL); not part of the test suite (STYLE.md §6). One process, one machi
    by its PID (Daphnes, Redis), removing the cgroups (always).
 
     scripts/with-postgres .venv/bin/python bench/postgres.py [--scale 0.2] [--only ...]
-        [--processes 1,2,4] [--producers 16] [--warm 1] [--statements]
+        [--processes 1,2,4] [--producers 16] [--warm 1] [--statements] [--balancer]
 """
 
 import argparse
@@ -425,6 +427,7 @@ class Counted:
     bench_cpu: float = 0.0
     throttled: float = 0.0
     host_cpu: float = 0.0  # the whole machine's busy CPU seconds (per_message.machine_ticks)
+    balancer_cpu: float = 0.0  # HAProxy's, with --balancer
     xids: int = 0
     wal_bytes: int = 0
     control: dict[str, int] = field(default_factory=dict)
@@ -443,17 +446,25 @@ class Counted:
 class Meter:
     """CPU, commits, lock waits and statements around a phase."""
 
-    def __init__(self, url: str | None, daphnes: list[int], postmaster: int | None) -> None:
+    def __init__(
+        self,
+        url: str | None,
+        daphnes: list[int],
+        postmaster: int | None,
+        balancer: int | None = None,
+    ) -> None:
         self.url, self.daphnes, self.postmaster = url, daphnes, postmaster
+        self.balancer = balancer
         self.quotas: list[Quota] = []
         self.statements = False
 
-    def cpu(self) -> tuple[float, float, float, float, float]:
+    def cpu(self) -> tuple[float, float, float, float, float, float]:
         broker = sum(cpu_seconds(pid) for pid in self.daphnes)
         pg = postgres_cpu(self.postmaster) if self.postmaster else 0.0
         throttled = sum(q.throttled_s() for q in self.quotas)
+        balancer = cpu_seconds(self.balancer) if self.balancer else 0.0
         # The whole machine's busy CPU too: beside the processes' own, it tells a saturated one.
-        return broker, pg, bench_cpu(), throttled, machine_ticks()[0] / TICKS
+        return broker, pg, bench_cpu(), throttled, machine_ticks()[0] / TICKS, balancer
 
     @contextmanager
     def measure(self, messages: int) -> Iterator[Counted]:
@@ -479,6 +490,7 @@ class Meter:
             result.bench_cpu,
             result.throttled,
             result.host_cpu,
+            result.balancer_cpu,
         ) = (a - b for a, b in zip(after, before, strict=True))
         if self.url:
             now = database_counters(self.url)
@@ -820,6 +832,7 @@ def scale_out(
         connections.close_all()
         procs: list[subprocess.Popen[bytes]] = []
         quotas: list[Quota] = []
+        balancer_dir = tmp / f"haproxy-{phase}"
         try:
             ports = [free_port() for _ in range(n)]
             for i, port in enumerate(ports):
@@ -830,12 +843,18 @@ def scale_out(
                 quotas.append(Quota(i))
                 quotas[-1].add(proc.pid)
             progress(f"{n} daphne(s) up, each held to {CORE_SHARE} of a core")
-            meter = Meter(url, [p.pid for p in procs], postmaster)
+            urls = [f"http://127.0.0.1:{port}" for port in ports]
+            ws_urls = [f"ws://127.0.0.1:{ports[i % n]}/ws/v1/" for i in range(CONSUMERS)]
+            balancer = None
+            if args.balancer:
+                urls, balancer = [start_balancer(balancer_dir, ports)], balancer_pid(balancer_dir)
+                ws_urls = [urls[0].replace("http://", "ws://") + "/ws/v1/"] * CONSUMERS
+                progress(f"haproxy at {urls[0]} in front of them")
+            meter = Meter(url, [p.pid for p in procs], postmaster, balancer)
             idle_started, idle_cpu = time.perf_counter(), meter.cpu()[0]
             time.sleep(IDLE_S)
             idle = (meter.cpu()[0] - idle_cpu) / (time.perf_counter() - idle_started)
             meter.quotas, meter.statements = quotas, args.statements
-            urls = [f"http://127.0.0.1:{port}" for port in ports]
             progress(
                 f"scale-out x{n}: {args.producers} producers, {requests} requests each "
                 f"after {args.warm} to warm up"
@@ -847,7 +866,6 @@ def scale_out(
                 check_contiguous(client, topic, offsets)
             progress(f"  {produced.rate:,.0f} msgs/s; offsets contiguous")
             analyze(url)
-            ws_urls = [f"ws://127.0.0.1:{ports[i % n]}/ws/v1/" for i in range(CONSUMERS)]
             progress(f"scale-out x{n}: {CONSUMERS} consumers, prefetch {SCALE_PREFETCH}")
             with meter.measure(total) as consumed:
                 asyncio.run(
@@ -864,11 +882,29 @@ def scale_out(
             progress(f"  {consumed.rate:,.0f} msgs/s; each message once")
             results.append(Scale(n, produced, consumed, idle))
         finally:
+            subprocess.run([str(ROOT / "scripts/haproxy"), "stop", str(balancer_dir)], check=False)
             for proc in procs:
                 stop_daphne(proc)
             for quota in quotas:
                 quota.remove()
     return results
+
+
+def start_balancer(directory: Path, ports: list[int]) -> str:
+    """scripts/haproxy in front of the Daphnes on ports, on a free port; its URL."""
+    started = subprocess.run(
+        [str(ROOT / "scripts/haproxy"), "start", str(directory), f"127.0.0.1:{free_port()}"]
+        + [f"127.0.0.1:{port}" for port in ports],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    return started.stdout.strip().splitlines()[-1]
+
+
+def balancer_pid(directory: Path) -> int:
+    return int((directory / "haproxy.pid").read_text().split()[0])
 
 
 # --- Report -------------------------------------------------------------------------------
@@ -887,6 +923,7 @@ def report(
     skipped: str | None,
     bare: dict[str, Counted] | None = None,
     warm: int = SCALE_WARM_REQUESTS,
+    balancer: bool = False,
 ) -> str:
     lines = ["", "Ferry bench: PostgreSQL speed and scale-out (bench/postgres.py)"]
     width = max(len(k) for k, _ in header)
@@ -967,8 +1004,13 @@ def report(
             f"{SCALE_PARTITIONS} partitions (after {warm} warm-up "
             f"request{'' if warm == 1 else 's'} each), then "
             f"{CONSUMERS} consumers in one clustering "
-            f"group (prefetch {SCALE_PREFETCH}, ack per {SCALE_ACK}); clients round robin "
-            "over the processes' ports (no load balancer); group commit wait "
+            f"group (prefetch {SCALE_PREFETCH}, ack per {SCALE_ACK}); "
+            + (
+                "clients through HAProxy on one port (scripts/haproxy, no quota)"
+                if balancer
+                else "clients round robin over the processes' ports (no load balancer)"
+            )
+            + "; group commit wait "
             f"{os.environ.get('FERRY_GROUP_COMMIT_WAIT_MS', '-1 (5 ms on PostgreSQL)')} "
             "(FERRY_GROUP_COMMIT_WAIT_MS)",
             f"  {'phase':<10}{'procs':>6}{'msgs/s':>9}{'x 1 proc':>9}{'target':>12}"
@@ -1006,6 +1048,14 @@ def report(
             "(/proc/stat): near 100 % the processes share what is left, and a process's CPU "
             "a message rises with the waits for a core"
         )
+        if balancer:
+            spent = ", ".join(
+                f"{kind} x{s.processes} {c.per_1k(c.balancer_cpu):.4f}"
+                for kind in ("produce", "consume")
+                for s in scale
+                for c in [getattr(s, kind)]
+            )
+            lines.append(f"  HAProxy CPU s/1k msgs (not in broker CPU): {spent}")
         idle = ", ".join(f"x{s.processes} {s.idle_cpu * 1000:.0f} ms/s" for s in scale)
         lines.append(f"  broker CPU while idle ({IDLE_S:.0f} s before produce, summed): {idle}")
         lines.append(
@@ -1089,6 +1139,12 @@ def main() -> int:
         help="load pg_stat_statements (restarts the throwaway server) and print each "
         "scale-out phase's top statements",
     )
+    parser.add_argument(
+        "--balancer",
+        action="store_true",
+        help="scale-out clients through HAProxy on one port (scripts/haproxy), as the README's "
+        "production set-up, instead of round robin over the processes' ports",
+    )
     args = parser.parse_args()
     parts = set(args.only.split(","))
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
@@ -1148,7 +1204,10 @@ def main() -> int:
             ),
         ]
         print(
-            report(args.producers, header, ref, single, scale, skipped, bare, args.warm), flush=True
+            report(
+                args.producers, header, ref, single, scale, skipped, bare, args.warm, args.balancer
+            ),
+            flush=True,
         )
         ok = True
         return 0
