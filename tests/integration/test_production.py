@@ -336,16 +336,27 @@ def test_readme_production__one_address_in_front_of_both_processes(deployment):
         metrics = f"{deployment.balancer}/metrics"
         assert lb.get(metrics, headers={"X-Forwarded-For": "127.0.0.1"}).status_code == 403
         assert httpx.get(f"{deployment.urls[0]}/metrics", headers=headers).status_code == 200
-        probes = {secrets.token_hex(4) for _ in range(20)}
-        for probe in probes:
-            assert lb.get("/health", params={"probe": probe}).status_code == 200
-        answered = [
-            {probe for probe in probes if f"probe={probe}" in log.read_text()}
-            for log in sorted(deployment.workdir.glob("daphne-*.log"))
-        ]
-        assert len(answered) == 2
-        assert all(answered), answered  # both processes served some
-        assert set.union(*answered) == probes
+        # Both processes answer through the address, once HAProxy's checks have seen both up
+        # (a Daphne still starting when HAProxy did is down for a few checks first).
+        probes: list[str] = []
+
+        def answered() -> list[set[str]]:
+            logs = [
+                (deployment.workdir / f"daphne-{port}.log").read_text()
+                for port in deployment.daphnes
+            ]
+            return [{probe for probe in probes if f"probe={probe}" in log} for log in logs]
+
+        def both_answer() -> bool:
+            probes.append(secrets.token_hex(4))
+            assert lb.get("/health", params={"probe": probes[-1]}).status_code == 200
+            return all(answered())
+
+        wait_until(both_answer, "both processes to answer through HAProxy", deployment)
+        # And each probe was answered by one of them (its line written as it was answered).
+        wait_until(
+            lambda: set.union(*answered()) == set(probes), "the probes' log lines", deployment
+        )
 
         entry = subprocess.run(
             [
@@ -427,9 +438,9 @@ def test_readme_production__one_address_in_front_of_both_processes(deployment):
 
         try:
             value, code = asyncio.run(subscriber())
-            # HAProxy's health check marks the stopped process down within 2 s; until then a
+            # HAProxy's health check marks the stopped process down within 4 s; until then a
             # connection it refuses is tried on the other one.
-            time.sleep(3)
+            time.sleep(5)
         finally:
             sending.clear()
             for producer in producers:
