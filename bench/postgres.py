@@ -33,10 +33,9 @@ DATABASE_URL); not part of the test suite (STYLE.md §6). One process, one machi
    processes on the same PostgreSQL, with a private Redis (scripts/redis) as the channel layer
    and background jobs off, each process held to 0.2 of a core (cpu.cfs_quota_us 20000 of
    cpu.cfs_period_us 100000 in /sys/fs/cgroup/cpu/ferry-bench-<pid>-<n>/): a stand-in for one
-   process per machine. There is no load balancer: each client connects to one process's
-   port, round robin; with --balancer, through HAProxy on one port in front of them
-   (scripts/haproxy, as the README's production set-up; not held to a quota, its CPU printed
-   apart). Per process count:
+   process per machine. The clients connect through HAProxy on one port in front of them
+   (scripts/haproxy, the README's production set-up; not held to a quota, its CPU printed
+   apart), or with --no-balancer each to one process's port, round robin. Per process count:
    - produce: 16 producer threads, B=100 keyed messages per request, a 4-partition topic,
      measured after each producer's request to another topic (--warm: how many) has warmed up
      the new processes; afterwards every partition's offsets are contiguous (results and end
@@ -58,7 +57,7 @@ DATABASE_URL); not part of the test suite (STYLE.md §6). One process, one machi
    by its PID (Daphnes, Redis), removing the cgroups (always).
 
     scripts/with-postgres .venv/bin/python bench/postgres.py [--scale 0.2] [--only ...]
-        [--processes 1,2,4] [--producers 16] [--warm 1] [--statements] [--balancer]
+        [--processes 1,2,4] [--producers 16] [--warm 1] [--statements] [--no-balancer]
 """
 
 import argparse
@@ -1141,9 +1140,10 @@ def main() -> int:
     )
     parser.add_argument(
         "--balancer",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,
+        default=True,
         help="scale-out clients through HAProxy on one port (scripts/haproxy), as the README's "
-        "production set-up, instead of round robin over the processes' ports",
+        "production set-up (default); --no-balancer: round robin over the processes' ports",
     )
     args = parser.parse_args()
     parts = set(args.only.split(","))
