@@ -5,7 +5,8 @@ The commands are read from README.md's code block, so the test and the page cann
 the test changes, and only that: the services' directories and ports (private ones on
 loopback, free ports for Daphne and HAProxy), the placeholders (`…`), the URLs of the services
 it started, and `FERRY_LB_CERT` (a self-signed certificate for the README's host and
-127.0.0.1); `scripts/setup` is skipped (the suite's own set-up made `.venv`).
+127.0.0.1, from `scripts/haproxy cert`); `scripts/setup` is skipped (the suite's own set-up
+made `.venv`).
 """
 
 import asyncio
@@ -81,7 +82,6 @@ class Deployment:
         self.ports: dict[str, str] = {}  # the README's Daphne ports, to the free ones used
         self.daphnes: dict[str, subprocess.Popen[bytes]] = {}  # by the port used
         self.balancer = ""
-        self.cert = workdir / "broker.pem"
         self.key = ""
         self.host = ""
 
@@ -172,21 +172,16 @@ class Deployment:
         return started.stdout.strip().splitlines()[-1]
 
     def _certificate(self) -> str:
-        """A certificate and its key in one PEM file, for the README's host and 127.0.0.1."""
-        key, crt = self.workdir / "broker.key", self.workdir / "broker.crt"
-        names = f"subjectAltName=DNS:{self.host},IP:127.0.0.1"
-        subprocess.run(
-            [
-                *("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"),
-                *("-keyout", str(key), "-out", str(crt), "-subj", f"/CN={self.host}"),
-                *("-addext", names),
-            ],
+        """scripts/haproxy cert: a self-signed certificate for the README's host and 127.0.0.1."""
+        made = subprocess.run(
+            ["scripts/haproxy", "cert", str(self.workdir / "tls"), self.host],
+            cwd=ROOT,
             check=True,
             capture_output=True,
-            timeout=60,
+            text=True,
+            timeout=300,
         )
-        self.cert.write_bytes(crt.read_bytes() + key.read_bytes())
-        return str(self.cert)
+        return made.stdout.strip().splitlines()[-1]
 
     def _start(self, name: str, argv: list[str]) -> None:
         with open(self.workdir / f"{name}.log", "wb") as out:
@@ -311,7 +306,8 @@ def test_readme_production__one_address_in_front_of_both_processes(deployment):
     one address, both processes serving; the client's own address in the audit log and in
     /metrics' loopback rule; a Daphne stopped with SIGTERM skipped, no request failed."""
     assert deployment.balancer.startswith("https://127.0.0.1:")
-    context = ssl.create_default_context(cafile=str(deployment.workdir / "broker.crt"))
+    trusted = deployment.workdir / "tls" / f"{deployment.host}.crt"
+    context = ssl.create_default_context(cafile=str(trusted))
     headers = {"Authorization": f"Bearer {deployment.key}", "Host": deployment.host}
     # From 127.0.0.2: this machine, but not the 127.0.0.1 HAProxy itself connects from, so the
     # broker shows whose address it took.
