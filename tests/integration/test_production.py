@@ -91,6 +91,7 @@ class Deployment:
         self.daphnes: dict[str, subprocess.Popen[bytes]] = {}  # by the port used
         self.balancer = ""
         self.key = ""
+        self.login = ("", "")  # the console's user and password, from the bootstrap
         self.host = ""
 
     def run(self, line: str) -> None:
@@ -124,6 +125,9 @@ class Deployment:
                 found = re.search(r"API key \(shown once\): (fry_\S+)", done.stdout)
                 assert found, done.stdout
                 self.key = found.group(1)
+                login = re.search(r"Dashboard login: (\S+) / (\S+)", done.stdout)
+                assert login, done.stdout
+                self.login = (login.group(1), login.group(2))
 
     def _export(self, name: str, value: str) -> None:
         if name == "DATABASE_URL":
@@ -311,8 +315,9 @@ def test_readme_production__produce_and_consume_through_both_processes(deploymen
 
 def test_readme_production__one_address_in_front_of_both_processes(deployment):
     """HAProxy (scripts/haproxy, with TLS) in front of both Daphnes: REST and a WebSocket through
-    one address, both processes serving; the client's own address in the audit log and in
-    /metrics' loopback rule; a Daphne stopped with SIGTERM skipped, no request failed."""
+    one address, both processes serving; the console signed in over HTTPS, its live socket
+    too; the client's own address in the audit log and in /metrics' loopback rule; a Daphne
+    stopped with SIGTERM skipped, no request failed."""
     assert deployment.balancer.startswith("https://127.0.0.1:")
     trusted = deployment.workdir / "tls" / f"{deployment.host}.crt"
     context = ssl.create_default_context(cafile=str(trusted))
@@ -376,6 +381,46 @@ def test_readme_production__one_address_in_front_of_both_processes(deployment):
         )
         assert entry.stdout.split()[-1:] == ["127.0.0.2"], entry.stdout + entry.stderr
 
+        # The console through the same address, as a browser: signed in over HTTPS (Secure
+        # cookies, the CSRF check against the https origin), a page, and the live socket.
+        port = deployment.balancer.rsplit(":", 1)[1]
+        origin = f"https://{deployment.host}:{port}"
+        with httpx.Client(
+            base_url=deployment.balancer,
+            headers={"Host": f"{deployment.host}:{port}"},
+            transport=httpx.HTTPTransport(verify=context),
+        ) as browser:
+            browser.get("/login/")
+            username, password = deployment.login
+            signed_in = browser.post(
+                "/login/",
+                data={
+                    "username": username,
+                    "password": password,
+                    "csrfmiddlewaretoken": browser.cookies["csrftoken"],
+                },
+                headers={"Origin": origin, "Referer": f"{origin}/login/"},
+            )
+            assert signed_in.status_code == 302, signed_in.text[:500]
+            session = next(
+                c for c in signed_in.headers.get_list("set-cookie") if c.startswith("sessionid=")
+            )
+            assert "secure" in session.lower()
+            assert browser.get("/topics/").status_code == 200
+            cookie = "; ".join(f"{k}={v}" for k, v in browser.cookies.items())
+
+        async def console_socket() -> dict[str, object]:
+            async with websockets.connect(
+                f"wss://{deployment.host}:{port}/ws/console/",
+                host="127.0.0.1",
+                ssl=context,
+                additional_headers={"Cookie": cookie, "Origin": origin},
+                open_timeout=10,
+            ) as ws:
+                return orjson.loads(await asyncio.wait_for(ws.recv(), 10))
+
+        assert asyncio.run(console_socket())["type"] == "hello"
+
         # Producers send through the address all along, while a process stops under them.
         answers: list[tuple[int, str]] = []  # status, and the message's value or the error
         sending = threading.Event()
@@ -406,7 +451,6 @@ def test_readme_production__one_address_in_front_of_both_processes(deployment):
         # A WebSocket through the same address: subscribed, then a message produced over REST.
         async def subscriber() -> tuple[str, int]:
             # The README's host in the URL (its Host header and TLS name); the socket to HAProxy.
-            port = deployment.balancer.rsplit(":", 1)[1]
             async with websockets.connect(
                 f"wss://{deployment.host}:{port}/ws/v1/",
                 host="127.0.0.1",
