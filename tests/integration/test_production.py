@@ -171,16 +171,16 @@ class Deployment:
         for server in argv[4:]:
             host, _, port = server.rpartition(":")
             servers.append(f"{host}:{self.ports[port]}")
+        self.services.append((argv[0], directory))  # stopped afterwards, even if it failed
         started = subprocess.run(
             [*argv[:2], str(directory), f"127.0.0.1:{free_port()}", *servers],
             cwd=ROOT,
             env=env,
-            check=True,
             capture_output=True,
             text=True,
             timeout=300,
         )
-        self.services.append((argv[0], directory))
+        assert started.returncode == 0, started.stderr[-2000:]
         return started.stdout.strip().splitlines()[-1]
 
     def _certificate(self) -> str:
@@ -492,7 +492,8 @@ def test_readme_production__one_address_in_front_of_both_processes(deployment):
         finally:
             sending.clear()
             for producer in producers:
-                producer.join(60)
+                if producer.ident is not None:  # started
+                    producer.join(60)
         assert value == "one"
         assert code == 4503
         failed = [answer for answer in answers if answer[0] != 200]
