@@ -426,7 +426,7 @@ class Counted:
     bench_cpu: float = 0.0
     throttled: float = 0.0
     host_cpu: float = 0.0  # the whole machine's busy CPU seconds (per_message.machine_ticks)
-    balancer_cpu: float = 0.0  # HAProxy's, with --balancer
+    balancer_cpu: float = 0.0  # HAProxy's, when the clients go through it
     xids: int = 0
     wal_bytes: int = 0
     control: dict[str, int] = field(default_factory=dict)
