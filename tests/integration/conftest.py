@@ -83,6 +83,21 @@ def start_daphne(
         time.sleep(0.1)
 
 
+def sign_in(client: httpx.Client, username: str, password: str, origin: str) -> httpx.Response:
+    """The console's sign-in as a browser makes it: the form's CSRF cookie, then the POST from
+    origin (the scheme, host and port the browser shows); the answer (302 when it worked)."""
+    client.get("/login/")
+    return client.post(
+        "/login/",
+        data={
+            "username": username,
+            "password": password,
+            "csrfmiddlewaretoken": client.cookies["csrftoken"],
+        },
+        headers={"Origin": origin, "Referer": f"{origin}/login/"},
+    )
+
+
 def stop(proc: subprocess.Popen[bytes]) -> None:
     """Terminate a process we started, by its PID, and reap it."""
     if proc.poll() is None:

@@ -23,7 +23,13 @@ from playwright.sync_api import Browser, Page, expect, sync_playwright
 
 from broker.core import keys
 from broker.core.records import Permission as KeyPermission
-from tests.integration.conftest import ROOT, start_daphne, stop, wait_for_sessions_to_end
+from tests.integration.conftest import (
+    ROOT,
+    sign_in,
+    start_daphne,
+    stop,
+    wait_for_sessions_to_end,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
@@ -176,17 +182,7 @@ def _handshake(url: str, headers: dict[str, str]) -> Any:
 def logged_in(url: str, username: str) -> Iterator[httpx.Client]:
     """An HTTP client with a console session of the user (password PASSWORD)."""
     with httpx.Client(base_url=url) as client:
-        client.get("/login/")
-        answer = client.post(
-            "/login/",
-            data={
-                "username": username,
-                "password": PASSWORD,
-                "csrfmiddlewaretoken": client.cookies["csrftoken"],
-            },
-            headers={"Referer": f"{url}/login/"},
-        )
-        assert answer.status_code == 302
+        assert sign_in(client, username, PASSWORD, url).status_code == 302
         yield client
 
 

@@ -28,7 +28,7 @@ import orjson
 import pytest
 import websockets
 
-from tests.integration.conftest import ROOT, free_port, stop
+from tests.integration.conftest import ROOT, free_port, sign_in, stop
 
 pytestmark = [
     pytest.mark.integration,
@@ -390,17 +390,8 @@ def test_readme_production__one_address_in_front_of_both_processes(deployment):
             headers={"Host": f"{deployment.host}:{port}"},
             transport=httpx.HTTPTransport(verify=context),
         ) as browser:
-            browser.get("/login/")
             username, password = deployment.login
-            signed_in = browser.post(
-                "/login/",
-                data={
-                    "username": username,
-                    "password": password,
-                    "csrfmiddlewaretoken": browser.cookies["csrftoken"],
-                },
-                headers={"Origin": origin, "Referer": f"{origin}/login/"},
-            )
+            signed_in = sign_in(browser, username, password, origin)
             assert signed_in.status_code == 302, signed_in.text[:500]
             session = next(
                 c for c in signed_in.headers.get_list("set-cookie") if c.startswith("sessionid=")
