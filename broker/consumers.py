@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 from urllib.parse import parse_qs
 
 import orjson
+from autobahn.exception import Disconnected
 from channels.consumer import get_handler_name
 from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncWebsocketConsumer
@@ -63,6 +64,10 @@ CLOSE_GOING_AWAY = 4503
 CLOSE_UNAUTHENTICATED = 4401
 # The server gives up on a connection: its database is away (4503 as well), or a bug (4500).
 CLOSE_INTERNAL_ERROR = 4500
+
+
+class SocketClosed(Exception):
+    """A frame was sent after the close handshake began, before Daphne knew the socket is gone."""
 
 
 class FrameTooLarge(errors.BrokerError):
@@ -287,7 +292,9 @@ class BrokerConsumer(AsyncWebsocketConsumer):
         handler = getattr(self, get_handler_name(message), None)
         if handler is None:
             raise ValueError(f"No handler for message type {message['type']}")
-        await handler(message)
+        with contextlib.suppress(SocketClosed):
+            # The socket is closing: the answer is dropped, and the disconnect comes next.
+            await handler(message)
 
     @override
     async def connect(self) -> None:
@@ -387,7 +394,12 @@ class BrokerConsumer(AsyncWebsocketConsumer):
         await self._leave(s)
 
     async def _send_raw(self, data: bytes) -> None:
-        await self.send(text_data=data.decode())
+        try:
+            await self.send(text_data=data.decode())
+        except Disconnected as exc:
+            # Autobahn's socket is closed from the close frame on; Daphne drops frames only
+            # once the TCP connection is gone, and tells this consumer (disconnect) after that.
+            raise SocketClosed from exc
 
     async def _send_frame(self, frame: dict[str, Any]) -> None:
         await self._send_raw(orjson.dumps(frame))
@@ -426,6 +438,8 @@ class BrokerConsumer(AsyncWebsocketConsumer):
                 await self._spawn_publish(frame)
                 return
             await HANDLERS[frame.type](self, frame)
+        except SocketClosed:
+            raise
         except errors.BrokerError as exc:
             await self._send_raw(_error(exc, ref, sub if isinstance(sub, str) else None))
         except Exception as exc:
@@ -442,12 +456,16 @@ class BrokerConsumer(AsyncWebsocketConsumer):
         task.add_done_callback(self.publishing.discard)
 
     async def _publish(self, frame: frames.PublishFrame) -> None:
-        try:
-            await self.on_publish(frame)
-        except errors.BrokerError as exc:
-            await self._send_raw(_error(exc, frame.ref))
-        except Exception as exc:
-            await self._send_raw(_error(_failure(exc, "publish"), frame.ref))
+        # A task of its own: nobody else would hear of a socket that closed meanwhile.
+        with contextlib.suppress(SocketClosed):
+            try:
+                await self.on_publish(frame)
+            except SocketClosed:
+                raise
+            except errors.BrokerError as exc:
+                await self._send_raw(_error(exc, frame.ref))
+            except Exception as exc:
+                await self._send_raw(_error(_failure(exc, "publish"), frame.ref))
 
     @staticmethod
     def _parse(raw: Any) -> Any:
@@ -979,10 +997,15 @@ class BrokerConsumer(AsyncWebsocketConsumer):
             await self._push_loop(s)
         except asyncio.CancelledError:
             raise
+        except SocketClosed:
+            # The client closed while messages were on their way: the disconnect, next, ends
+            # the subscription and hands them back to the group.
+            pass
         except errors.BrokerError as exc:
             # The topic went away or the key lost its permission: the subscription ends.
             self.subs.pop(s.sub, None)
-            await self._send_raw(_error(exc, sub=s.sub))
+            with contextlib.suppress(SocketClosed):
+                await self._send_raw(_error(exc, sub=s.sub))
             await self._leave(s)
         except Exception as exc:
             # The database is away (or a bug): the subscription ends, its member leaves or

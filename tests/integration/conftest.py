@@ -35,6 +35,12 @@ def server_env(**extra: str) -> dict[str, str]:
     )
 
 
+def server_log(url: str) -> Path:
+    """Where start_daphne writes the output of the server at url."""
+    port = url.rsplit(":", 1)[1]
+    return Path(os.environ.get("FERRY_TEST_DIR", tempfile.gettempdir())) / f"daphne-{port}.log"
+
+
 def start_daphne(
     env: dict[str, str] | None = None, **extra_env: str
 ) -> tuple[subprocess.Popen[bytes], str]:
@@ -47,7 +53,7 @@ def start_daphne(
     ws_max = extra_env.get("FERRY_WS_MAX_FRAME_BYTES") or str(
         ferry_settings.get("WS_MAX_FRAME_BYTES")
     )
-    log_path = Path(os.environ.get("FERRY_TEST_DIR", tempfile.gettempdir())) / f"daphne-{port}.log"
+    log_path = server_log(f"http://127.0.0.1:{port}")
     with open(log_path, "wb") as log_file:
         proc = subprocess.Popen(
             [

@@ -37,7 +37,7 @@ import psycopg
 import pytest
 import websockets
 
-from tests.integration.conftest import ROOT, free_port, start_daphne, stop
+from tests.integration.conftest import ROOT, free_port, server_log, start_daphne, stop
 
 pytestmark = [
     pytest.mark.integration,
@@ -605,12 +605,6 @@ def check_members(stack: Stack, work: Workload) -> None:
 LAYER_DOWN = "channel layer unreachable"
 DEGRADED = {"status": "degraded", "database": "postgresql", "redis": "degraded"}
 LAYER_BACK = "channel layer reachable again"
-
-
-def server_log(url: str) -> Path:
-    """Where tests/integration/conftest.py's start_daphne writes the server's output."""
-    port = url.rsplit(":", 1)[1]
-    return Path(os.environ.get("FERRY_TEST_DIR", tempfile.gettempdir())) / f"daphne-{port}.log"
 
 
 # The scenarios.

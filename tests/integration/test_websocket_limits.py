@@ -5,6 +5,9 @@ close codes, so these run against a Daphne process started as scripts/run starts
 """
 
 import base64
+import os
+import socket
+import struct
 import time
 
 import httpx
@@ -16,7 +19,8 @@ from websockets.sync.client import connect
 from broker import consumers, models
 from broker import settings as ferry_settings
 from broker.core import keys
-from tests.integration.conftest import start_daphne, stop
+from tests.integration.conftest import server_log, start_daphne, stop
+from tests.integration.test_delivery import wait_until
 from tests.integration.test_websocket import open_ws, recv_type, send, subscribe, ws_url
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
@@ -194,3 +198,85 @@ def test_unsubscribe__always_answers_on_a_real_server(broker_url, key_factory, t
             send(ws, {"type": "unsubscribe", "ref": n, "sub": "s"})
             assert recv_type(ws, "unsubscribed", timeout=5)["ref"] == n
     wait_for_members_to_leave()
+
+
+def _client_frame(opcode: int, payload: bytes) -> bytes:
+    """One masked client frame (RFC 6455 5.2), payloads under 64 KiB."""
+    mask = os.urandom(4)
+    size = (
+        bytes([0x80 | len(payload)])
+        if len(payload) < 126
+        else b"\xfe" + struct.pack("!H", len(payload))
+    )
+    return (
+        bytes([0x80 | opcode]) + size + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+    )
+
+
+def _delivered() -> int:
+    runs = models.InFlight.objects.filter(state="delivered")
+    return sum(r.last_offset - r.offset + 1 for r in runs)
+
+
+def test_push_into_a_closing_socket__no_traceback_and_the_messages_go_back(
+    key_factory, topic_factory
+):
+    """A push that meets a socket in its close handshake ends the subscription quietly.
+
+    Autobahn calls a socket closed from the client's close frame on and refuses to send; Daphne
+    tells the application only once the TCP connection is gone. A client that reads nothing
+    keeps the server's unsent pushes in the buffers, so the connection outlives the close
+    frame, and a message published then is pushed into that gap. A CI run logged "push task of
+    subscription s failed" with a traceback for it.
+    """
+    topic = topic_factory().name
+    _, secret = key_factory("admin:*")
+    server, url = start_daphne()
+    log = server_log(url)
+    try:
+        # 16 MiB: more than the kernel's socket buffers on loopback hold (4 MiB + 4 KiB).
+        for _ in range(4):
+            answer = httpx.post(
+                f"{url}/api/v1/topics/{topic}/messages",
+                headers={"Authorization": f"Bearer {secret}"},
+                json={"messages": [{"value": "x" * (256 * 1024)}] * 16},
+                timeout=30,
+            )
+            assert answer.status_code == 200, answer.text[:500]
+        with socket.socket() as raw:
+            raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            raw.connect(("127.0.0.1", int(url.rsplit(":", 1)[1])))
+            raw.sendall(
+                b"GET /ws/v1/ HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\n"
+                b"Connection: Upgrade\r\nSec-WebSocket-Version: 13\r\n"
+                b"Sec-WebSocket-Key: " + base64.b64encode(os.urandom(16)) + b"\r\n"
+                b"Authorization: Bearer " + secret.encode() + b"\r\n\r\n"
+            )
+            head = b""
+            while not head.endswith(b"\r\n\r\n"):  # the answer's head, and not a byte more
+                head += raw.recv(1)
+                assert head, "the server closed during the handshake"
+            assert head.startswith(b"HTTP/1.1 101"), head
+            subscribe_frame = {"type": "subscribe", "sub": "s", "topic": topic, "group": "g"}
+            raw.sendall(_client_frame(0x1, orjson.dumps(subscribe_frame)))
+            wait_until(lambda: _delivered() == 64, "the backlog pushed")
+            raw.sendall(_client_frame(0x8, struct.pack("!H", 1000)))
+            time.sleep(0.5)  # the server reads the close frame; nothing it sends can leave
+            answer = httpx.post(
+                f"{url}/api/v1/topics/{topic}/messages",
+                headers={"Authorization": f"Bearer {secret}"},
+                json={"messages": [{"value": "late"}]},
+                timeout=10,
+            )
+            assert answer.status_code == 200, answer.text
+            wait_until(lambda: _delivered() == 65, "the late message pushed")
+            time.sleep(0.5)  # what the push task logs, it has logged
+            # A reset, not a close: a clean close would wait for the unsent pushes.
+            raw.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        wait_for_members_to_leave()
+    finally:
+        stop(server)
+    written = log.read_text(errors="replace")
+    assert "Traceback" not in written, written[written.find("Traceback") - 300 :][:3000]
+    assert "WSDISCONNECT" in written
+    assert _delivered() == 0  # all 65 back with the group
