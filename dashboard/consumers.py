@@ -94,7 +94,8 @@ class ConsoleConsumer(AsyncJsonWebsocketConsumer):
     async def receive_json(self, content: Any, **kwargs: Any) -> None:
         # The page only listens; a ping keeps proxies from closing an idle socket.
         if isinstance(content, dict) and content.get("type") == "ping":
-            await self.send_json({"type": "pong"})
+            with contextlib.suppress(Exception):  # as in nudge: the socket may be closing
+                await self.send_json({"type": "pong"})
 
     async def nudge(self, changed: tuple[str, ...]) -> None:
         with contextlib.suppress(Exception):
