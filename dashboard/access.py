@@ -16,6 +16,7 @@ from django.http import HttpRequest
 from django.http.response import HttpResponseBase
 from django.shortcuts import render
 from django.views.decorators.http import require_POST
+from django.views.defaults import permission_denied
 
 from broker.core import audit, errors
 from broker.core.records import Actor, Principal
@@ -53,7 +54,9 @@ def _guard(check: Callable[[Any], bool]) -> Callable[[View], View]:
             if not request.user.is_authenticated:
                 return redirect_to_login(request.get_full_path())
             if not check(request.user):
-                raise PermissionDenied
+                # The 403 page itself: a raised PermissionDenied is logged with its traceback,
+                # thirty lines in the server's log for a visitor without the role.
+                return permission_denied(request, PermissionDenied())
             try:
                 return view(request, *args, **kwargs)
             except NOT_FOUND as exc:

@@ -64,6 +64,14 @@ def test_page__staff_without_view_permission_gets_403(user_client):
     assert user_client("plain-staff").get("/").status_code == 403
 
 
+def test_403__logged_in_one_line_without_a_traceback(outsider, caplog):
+    outsider.get("/")
+    outsider.post("/topics/create/", {"name": "x"})
+    forbidden = [r for r in caplog.records if r.name == "django.request"]
+    assert [r.getMessage() for r in forbidden] == ["Forbidden: /", "Forbidden: /topics/create/"]
+    assert all(r.exc_info is None for r in forbidden)
+
+
 @pytest.mark.parametrize("url", PAGES)
 def test_page__viewer_sees_pages_without_action_buttons(viewer, broker_data, url):
     response = viewer.get(url)
