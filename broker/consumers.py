@@ -998,8 +998,10 @@ class BrokerConsumer(AsyncWebsocketConsumer):
         except asyncio.CancelledError:
             raise
         except SocketClosed:
-            # The client closed while messages were on their way: the disconnect, next, ends
-            # the subscription and hands them back to the group.
+            # The client closed while messages were on their way. The disconnect, next,
+            # settles its acks and hands the rest back (_leave_all); if it never comes (a
+            # client that stops reading holds the connection), this task's heartbeats have
+            # ended, and the group expires the member after its session timeout.
             pass
         except errors.BrokerError as exc:
             # The topic went away or the key lost its permission: the subscription ends.
