@@ -27,6 +27,7 @@ import os
 import signal
 import threading
 import weakref
+from collections.abc import Iterator
 from typing import Any
 
 import orjson
@@ -133,10 +134,11 @@ async def drain(server: Any) -> None:
     for port in _ports:
         with contextlib.suppress(Exception):
             port.stopListening()
+    # Once: a request whose headers end from now on is seen to by close_after_if_stopping.
+    _close_after_their_answers()
     await events.stop_waiting()
     websockets = asyncio.ensure_future(consumers.close_all(limit_s))
     while loop.time() < deadline:
-        _close_after_their_answers()
         _close_idle_connections()
         if websockets.done() and not _requests_in_flight(server):
             break
@@ -157,31 +159,32 @@ def _requests_in_flight(server: Any) -> int:
     )
 
 
-def _close_idle_connections() -> None:
-    """Close HTTP connections with no request begun and unanswered (kept alive, idle)."""
+def _http_channels() -> Iterator[Any]:
+    """The HTTP channel of each open connection not upgraded to a WebSocket."""
     for protocol in list(_channels):
         channel = getattr(protocol, "_channel", protocol)
         transport = channel.transport
-        # requests: begun (from their first line) and not yet answered.
-        if transport is None or channel.requests or channel._handlingRequest:
+        if transport is None:
             continue
-        # After a WebSocket upgrade the connection's transport drives another protocol: leave it.
+        # After a WebSocket upgrade the connection's transport drives another protocol: leave
+        # it (consumers.close_all ends it).
         driving = getattr(transport, "wrappedProtocol", getattr(transport, "protocol", None))
         if driving is protocol:
-            transport.loseConnection()
+            yield channel
+
+
+def _close_idle_connections() -> None:
+    """Close HTTP connections with no request begun and unanswered (kept alive, idle)."""
+    for channel in _http_channels():
+        # requests: begun (from their first line) and not yet answered.
+        if not channel.requests and not channel._handlingRequest:
+            channel.transport.loseConnection()
 
 
 def _close_after_their_answers() -> None:
     """Answers not begun of requests in flight say Connection: close: a client or a load balancer
     then sends its next request on a new connection (elsewhere), not here to be refused."""
-    for protocol in list(_channels):
-        channel = getattr(protocol, "_channel", protocol)
-        transport = channel.transport
-        if transport is None or not channel.requests:
-            continue
-        driving = getattr(transport, "wrappedProtocol", getattr(transport, "protocol", None))
-        if driving is not protocol:
-            continue  # upgraded to a WebSocket: consumers.close_all ends it
+    for channel in _http_channels():
         for request in channel.requests:
             if not request.startedWriting:
                 request.setHeader(b"connection", b"close")
