@@ -456,16 +456,17 @@ class BrokerConsumer(AsyncWebsocketConsumer):
         task.add_done_callback(self.publishing.discard)
 
     async def _publish(self, frame: frames.PublishFrame) -> None:
-        # A task of its own: nobody else would hear of a socket that closed meanwhile.
+        try:
+            await self.on_publish(frame)
+            return
+        except SocketClosed:
+            return  # a task of its own: nobody else would hear of a socket that closed
+        except errors.BrokerError as exc:
+            refusal = _error(exc, frame.ref)
+        except Exception as exc:
+            refusal = _error(_failure(exc, "publish"), frame.ref)
         with contextlib.suppress(SocketClosed):
-            try:
-                await self.on_publish(frame)
-            except SocketClosed:
-                raise
-            except errors.BrokerError as exc:
-                await self._send_raw(_error(exc, frame.ref))
-            except Exception as exc:
-                await self._send_raw(_error(_failure(exc, "publish"), frame.ref))
+            await self._send_raw(refusal)
 
     @staticmethod
     def _parse(raw: Any) -> Any:
