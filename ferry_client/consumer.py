@@ -64,6 +64,7 @@ class AsyncConsumer:
         retries: int = 3,
         ack_interval_ms: int = DEFAULT_ACK_INTERVAL_MS,
         http_transport: httpx.AsyncBaseTransport | None = None,
+        verify: transport.Verify = True,
     ) -> None:
         if mode not in ("push", "pull"):
             raise ValueError(f"mode is 'push' or 'pull', not {mode!r}.")
@@ -82,6 +83,8 @@ class AsyncConsumer:
         self.policy = transport.RetryPolicy(retries=retries)
         self.ack_interval_s = ack_interval_ms / 1000
         self.http_transport = http_transport
+        # One TLS context for the WebSocket and the REST calls (a CA file read once).
+        self.tls = transport.tls_context(verify)
         self.subscription = Subscription(
             group=group,
             topic=topic,
@@ -149,6 +152,7 @@ class AsyncConsumer:
             timeout=self.timeout,
             make_settlements=self._settlements,
             on_member=self._joined,
+            tls=self.tls,
         )
         await subscriber.run()
 
@@ -159,6 +163,7 @@ class AsyncConsumer:
             timeout=self.timeout,
             policy=self.policy,
             http_transport=self.http_transport,
+            verify=self.tls,
         )
         try:
             poller = Poller(
@@ -201,6 +206,7 @@ class Consumer:
         retries: int = 3,
         ack_interval_ms: int = DEFAULT_ACK_INTERVAL_MS,
         http_transport: httpx.AsyncBaseTransport | None = None,
+        verify: transport.Verify = True,
     ) -> None:
         self._consumer = AsyncConsumer(
             urls,
@@ -220,6 +226,7 @@ class Consumer:
             retries=retries,
             ack_interval_ms=ack_interval_ms,
             http_transport=http_transport,
+            verify=verify,
         )
 
     @property

@@ -162,6 +162,7 @@ class Producer(transport.Closing):
         batch_size: int = DEFAULT_BATCH_SIZE,
         hooks: Sequence[SendHooks] = (),
         http_transport: httpx.BaseTransport | None = None,
+        verify: transport.Verify = True,
     ) -> None:
         self._transport = transport.Transport(
             urls,
@@ -169,6 +170,7 @@ class Producer(transport.Closing):
             timeout=timeout,
             policy=retry_policy(retries, backoff_ms, max_backoff_ms),
             http_transport=http_transport,
+            verify=verify,
         )
         self._sender = Sender(hooks)
         self._batcher: batching.Batcher[tuple[Message, concurrent.futures.Future[SendResult]]]

@@ -35,6 +35,7 @@ class AsyncProducer:
         batch_size: int = producer.DEFAULT_BATCH_SIZE,
         hooks: Sequence[SendHooks] = (),
         http_transport: httpx.AsyncBaseTransport | None = None,
+        verify: transport.Verify = True,
     ) -> None:
         self._transport = transport.AsyncTransport(
             urls,
@@ -42,6 +43,7 @@ class AsyncProducer:
             timeout=timeout,
             policy=producer.retry_policy(retries, backoff_ms, max_backoff_ms),
             http_transport=http_transport,
+            verify=verify,
         )
         self._sender = producer.Sender(hooks)
         self._batcher: batching.Batcher[tuple[Message, asyncio.Future[SendResult]]]

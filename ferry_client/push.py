@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import ssl
 from collections.abc import Callable
 from typing import Any
 
@@ -76,8 +77,10 @@ class Subscriber:
         timeout: float,
         make_settlements: Callable[[workers.Settler], workers.Settlements],
         on_member: Callable[[str], None],
+        tls: ssl.SSLContext,
     ) -> None:
         self.endpoints = endpoints
+        self.tls = tls
         self.on_member = on_member
         self.api_key = api_key
         self.subscription = subscription
@@ -98,9 +101,12 @@ class Subscriber:
             order = self.endpoints.order()
             url = order[failures % len(order)]
             try:
+                endpoint = transport.ws_url(url)
                 async with websockets.connect(
-                    transport.ws_url(url),
+                    endpoint,
                     additional_headers={"Authorization": f"Bearer {self.api_key}"},
+                    # websockets takes a context for wss:// only.
+                    ssl=self.tls if endpoint.startswith("wss:") else None,
                     open_timeout=self.timeout,
                     # The broker bounds its frames (FERRY_WS_PUSH_BATCH messages of bounded size).
                     max_size=None,

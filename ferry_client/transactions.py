@@ -451,8 +451,9 @@ class ReadProcessWrite(transport.Closing):
         producer_id: str | None = None,
         timeout_ms: int = 60_000,
         max_wait_ms: int = 1000,
+        verify: transport.Verify = True,
     ) -> None:
-        self._transport = transport.Transport(urls, api_key)
+        self._transport = transport.Transport(urls, api_key, verify=verify)
         self.group, self.topic, self.member_id = group, topic, member_id
         self.producer_id = producer_id or member_id
         self.timeout_ms = timeout_ms

@@ -17,7 +17,9 @@ two thin shells, the sync `Transport` (httpx.Client) and the asyncio `AsyncTrans
 
 import asyncio
 import logging
+import os
 import random
+import ssl
 import time
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -38,6 +40,10 @@ NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
 
 Params = Mapping[str, str | int | None]
 T = TypeVar("T")
+# How to check a broker's HTTPS certificate (docs/client.md#tls): True for the default trust
+# store, a CA file's path (a private CA, or scripts/haproxy's self-signed .crt), an SSLContext
+# as given, or False for no check at all (a trial only).
+Verify = bool | str | os.PathLike[str] | ssl.SSLContext
 
 
 @dataclass(frozen=True)
@@ -75,6 +81,18 @@ def normalize_url(url: str) -> str:
     if not url.startswith(("http://", "https://")):
         raise ValueError(f"A broker URL starts with http:// or https://, not {url!r}.")
     return url
+
+
+def tls_context(verify: Verify) -> ssl.SSLContext:
+    """The TLS context for `verify`, made once and shared by REST and WebSockets, so both trust
+    the same certificates. True is httpx's default: certifi's bundle, or the file or directory
+    in SSL_CERT_FILE / SSL_CERT_DIR. A CA file that cannot be read fails here, at construction,
+    not at the first request."""
+    if isinstance(verify, ssl.SSLContext):
+        return verify
+    if isinstance(verify, bool):
+        return httpx.create_ssl_context(verify=verify)
+    return ssl.create_default_context(cafile=os.fspath(verify))
 
 
 def ws_url(base_url: str) -> str:
@@ -336,13 +354,17 @@ class Transport:
         policy: RetryPolicy = RetryPolicy(),
         http_transport: httpx.BaseTransport | None = None,
         sleep: Callable[[float], None] = time.sleep,
+        verify: Verify = True,
     ) -> None:
         self.endpoints = Endpoints(urls)
         self.policy = policy
         self.timeout = timeout
         self._sleep = sleep
         self._client = httpx.Client(
-            headers=client_headers(api_key), timeout=timeout, transport=http_transport
+            headers=client_headers(api_key),
+            timeout=timeout,
+            transport=http_transport,
+            verify=tls_context(verify),
         )
 
     def request(
@@ -402,12 +424,16 @@ class AsyncTransport:
         timeout: float = DEFAULT_TIMEOUT_S,
         policy: RetryPolicy = RetryPolicy(),
         http_transport: httpx.AsyncBaseTransport | None = None,
+        verify: Verify = True,
     ) -> None:
         self.endpoints = Endpoints(urls)
         self.policy = policy
         self.timeout = timeout
         self._client = httpx.AsyncClient(
-            headers=client_headers(api_key), timeout=timeout, transport=http_transport
+            headers=client_headers(api_key),
+            timeout=timeout,
+            transport=http_transport,
+            verify=tls_context(verify),
         )
 
     async def request(
@@ -470,6 +496,7 @@ class Client(Closing):
         timeout: float = DEFAULT_TIMEOUT_S,
         retries: int = 3,
         http_transport: httpx.BaseTransport | None = None,
+        verify: Verify = True,
     ) -> None:
         self._rest = Transport(
             urls,
@@ -477,6 +504,7 @@ class Client(Closing):
             timeout=timeout,
             policy=RetryPolicy(retries=retries),
             http_transport=http_transport,
+            verify=verify,
         )
 
     def close(self) -> None:

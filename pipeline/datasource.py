@@ -61,7 +61,7 @@ PREFETCH_PAGES = 2
 
 
 def reader_for(conn: Connection) -> Reader:
-    return Reader(conn.url, conn.api_key, timeout=conn.timeout_s)
+    return Reader(conn.url, conn.api_key, timeout=conn.timeout_s, verify=conn.verify)
 
 
 def topic_bounds(

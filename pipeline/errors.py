@@ -1,5 +1,7 @@
 """Errors of the `ferry` data source that a Spark user can act on (docs/pipeline.md)."""
 
+import ssl
+
 from ferry_client import BrokerUnavailable, FerryError
 from pipeline.options import Connection
 
@@ -22,6 +24,16 @@ def explain(conn: Connection, exc: Exception, what: str) -> FerrySourceError:
         return FerrySourceError(
             f"Ferry at {conn.url} refused {what}: {exc.code}: {exc.message}{suffix}"
         )
+    check = "the 'caFile' option" if untrusted(exc) else "the 'url' option"
     return FerrySourceError(
-        f"Could not reach Ferry at {conn.url} for {what} (check the 'url' option): {exc}"
+        f"Could not reach Ferry at {conn.url} for {what} (check {check}): {exc}"
     )
+
+
+def untrusted(exc: BaseException | None) -> bool:
+    """Whether a failure, or one of its causes, is the broker's certificate not trusted."""
+    while exc is not None:
+        if isinstance(exc, ssl.SSLCertVerificationError):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False

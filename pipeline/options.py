@@ -5,6 +5,7 @@ case-insensitive mapping of strings; everything here takes such a mapping.
 """
 
 import json
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -35,6 +36,13 @@ class Connection:
     url: str
     api_key: str
     timeout_s: float
+    # A CA certificate (PEM) to trust for an https:// url: a private CA, or a self-signed one.
+    ca_file: str | None = None
+
+    @property
+    def verify(self) -> str | bool:
+        """ferry_client's `verify`: the CA file, or the default trust store."""
+        return self.ca_file or True
 
 
 @dataclass(frozen=True)
@@ -106,7 +114,11 @@ def connection(options: Mapping[str, str]) -> Connection:
     if api_key is None:
         raise OptionError("Option 'apiKey' is required: a Ferry API key (fry_...).")
     timeout_s = _int(options, "timeout", 30, 1, 3600)
-    return Connection(url, api_key, float(timeout_s))
+    ca_file = _get(options, "caFile")
+    if ca_file is not None and not os.path.isfile(ca_file):
+        # Checked on the driver, where the mistake is cheapest; executors read the same path.
+        raise OptionError(f"Option 'caFile' names no file: {ca_file!r}.")
+    return Connection(url, api_key, float(timeout_s), ca_file)
 
 
 def _is_position(partition: object, offset: object) -> bool:

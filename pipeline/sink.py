@@ -37,7 +37,7 @@ def send_batches(
     """Produce every row, in requests of batch_size, each row under id `<prefix>-<row index>`."""
     stored = duplicates = 0
     conn = write.connection
-    with Producer(conn.url, conn.api_key, timeout=conn.timeout_s) as producer:
+    with Producer(conn.url, conn.api_key, timeout=conn.timeout_s, verify=conn.verify) as producer:
         for topic, messages in rows.messages(batches, write.topic, write.batch_size, id_prefix):
             try:
                 results = producer.send_batch(topic, messages)

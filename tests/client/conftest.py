@@ -7,9 +7,9 @@ import time
 import pytest
 
 from ferry_client import Admin
-from tests.integration.conftest import broker_url, start_daphne, stop
+from tests.integration.conftest import broker_url, start_daphne, stop, tls_broker
 
-__all__ = ["broker_url", "running", "start_daphne", "stop", "wait_for"]
+__all__ = ["broker_url", "running", "start_daphne", "stop", "tls_broker", "wait_for"]
 
 WAIT_S = 10
 

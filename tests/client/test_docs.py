@@ -8,6 +8,8 @@ Checked structurally instead, and said so here:
 - the `pip install ./ferry_client` block: tests/client/test_package.py runs that command in a
   fresh virtualenv;
 - the `export FERRY_URL=…` block: the URL is make run's, the key has the keys' prefix.
+The TLS section's block runs against the same broker behind HAProxy with TLS (FERRY_URL its
+https:// address, FERRY_CA_FILE the self-signed certificate's .crt).
 """
 
 import inspect
@@ -42,19 +44,24 @@ def is_signature(code: str) -> bool:
     return False
 
 
-def test_client_md__python_blocks_run_against_a_live_broker(broker_url, key_factory, tmp_path):
+def test_client_md__python_blocks_run_against_a_live_broker(
+    broker_url, tls_broker, key_factory, tmp_path
+):
     _, secret = key_factory("admin:*")
     env = dict(os.environ, FERRY_URL=broker_url, FERRY_KEY=secret)
     # Where ferry_client lives: the checkout, as `pip install ./ferry_client` would provide it.
     env["PYTHONPATH"] = str(ROOT)
+    # The TLS section's example: the same broker behind HAProxy with a self-signed certificate.
+    tls_env = dict(env, FERRY_URL=tls_broker.url, FERRY_CA_FILE=str(tls_broker.ca_file))
     runnable = [code for code in blocks("python") if not is_signature(code)]
-    assert len(runnable) >= 8
+    assert len(runnable) >= 9
+    assert sum("FERRY_CA_FILE" in code for code in runnable) == 1
     for index, code in enumerate(runnable):
         script = Path(tmp_path) / f"example_{index}.py"
         script.write_text(code)
         done = subprocess.run(
             [sys.executable, str(script)],
-            env=env,
+            env=tls_env if "FERRY_CA_FILE" in code else env,
             cwd=tmp_path,
             capture_output=True,
             text=True,

@@ -1,5 +1,9 @@
 """Retries and failover against a fake transport (httpx.MockTransport): no broker needed."""
 
+import ssl
+from pathlib import Path
+
+import certifi
 import httpx
 import pytest
 
@@ -10,6 +14,7 @@ from ferry_client.transport import (
     RetryPolicy,
     Transport,
     normalize_url,
+    tls_context,
     ws_url,
 )
 
@@ -190,3 +195,28 @@ async def test_async_request__fails_over_and_retries():
     finally:
         await rest.aclose()
     assert broker.calls == ["a", "b", "a", "b"]
+
+
+def test_tls_context__what_each_verify_trusts(tmp_path, monkeypatch):
+    monkeypatch.delenv("SSL_CERT_FILE", raising=False)
+    monkeypatch.delenv("SSL_CERT_DIR", raising=False)
+    public_cas = ssl.create_default_context(cafile=certifi.where()).cert_store_stats()["x509_ca"]
+    own = ssl.create_default_context()
+    assert tls_context(own) is own
+    public = tls_context(True)
+    assert public.verify_mode == ssl.CERT_REQUIRED
+    assert public.check_hostname
+    assert public.cert_store_stats()["x509_ca"] == public_cas
+    unchecked = tls_context(False)
+    assert unchecked.verify_mode == ssl.CERT_NONE
+    assert not unchecked.check_hostname
+    # A CA file, as a str or a Path: its CAs, checked as strictly.
+    ca_file = tmp_path / "ca.pem"
+    ca_file.write_bytes(Path(certifi.where()).read_bytes())
+    for path in (str(ca_file), ca_file):
+        private = tls_context(path)
+        assert private.verify_mode == ssl.CERT_REQUIRED
+        assert private.check_hostname
+        assert private.cert_store_stats()["x509_ca"] == public_cas
+    with pytest.raises(FileNotFoundError):
+        tls_context(tmp_path / "missing.crt")

@@ -2,11 +2,13 @@
 
 import os
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -126,6 +128,61 @@ def broker_url(django_db_setup, django_db_blocker) -> Iterator[str]:
         stop(proc)
         with django_db_blocker.unblock():
             wait_for_sessions_to_end()
+
+
+@dataclass(frozen=True)
+class TlsBroker:
+    """The suite's Daphne behind HAProxy with TLS: its https:// URL, and the self-signed
+    certificate's .crt that a client trusts (scripts/haproxy cert)."""
+
+    url: str
+    ca_file: Path
+
+
+@pytest.fixture(scope="session")
+def tls_broker(broker_url: str) -> Iterator[TlsBroker]:
+    """scripts/haproxy with FERRY_LB_CERT in front of broker_url, as the README's production
+    set-up has it; stopped afterwards."""
+    with tempfile.TemporaryDirectory(prefix="ferry-tls-") as workdir:
+        made = subprocess.run(
+            [str(ROOT / "scripts" / "haproxy"), "cert", f"{workdir}/tls", "broker.test"],
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        pem = made.stdout.strip().splitlines()[-1]
+        lb = f"{workdir}/lb"
+        started = subprocess.run(
+            [
+                *(str(ROOT / "scripts" / "haproxy"), "start", lb),
+                f"127.0.0.1:{free_port()}",
+                broker_url.removeprefix("http://"),
+            ],
+            env=dict(os.environ, FERRY_LB_CERT=pem),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        try:
+            assert started.returncode == 0, started.stderr[-2000:]
+            tls = TlsBroker(
+                started.stdout.strip().splitlines()[-1], Path(workdir) / "tls" / "broker.test.crt"
+            )
+            # HAProxy's first health check must pass before it sends requests on.
+            context = ssl.create_default_context(cafile=str(tls.ca_file))
+            deadline = time.monotonic() + START_TIMEOUT_S
+            while True:
+                try:
+                    if httpx.get(f"{tls.url}/api/v1/health", verify=context, timeout=1).is_success:
+                        break
+                except httpx.TransportError:
+                    pass
+                assert time.monotonic() < deadline, "HAProxy did not serve the broker"
+                time.sleep(0.1)
+            yield tls
+        finally:
+            subprocess.run([str(ROOT / "scripts" / "haproxy"), "stop", lb], check=False)
 
 
 @pytest.fixture(scope="session")

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from broker.core import keys
-from tests.integration.conftest import broker_url
+from tests.integration.conftest import broker_url, tls_broker
 
-__all__ = ["broker_url"]
+__all__ = ["broker_url", "tls_broker"]
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -253,6 +253,25 @@ def test_read__bad_options_say_what_is_wrong(spark, broker_url, ferry_key, chang
         spark.read.format("ferry").options(**given).load().collect()
 
 
+def test_over_https__caFile_trusts_the_brokers_certificate(spark, tls_broker, ferry_key):
+    """A broker behind TLS with a self-signed certificate (the README's HAProxy): written and
+    read with `caFile`; without it, the error names the option to set."""
+    make_topic("secure")
+    given = options(tls_broker.url, ferry_key, "secure", caFile=tls_broker.ca_file)
+    spark.createDataFrame([('"a"',), ('"b"',)], "value_json STRING").write.format("ferry").options(
+        **given
+    ).mode("append").save()
+    rows = spark.read.format("ferry").options(**given).load().collect()
+    assert sorted(json.loads(r.value_json) for r in rows) == ["a", "b"]
+
+    untrusted = options(tls_broker.url, ferry_key, "secure")
+    with pytest.raises(Exception, match=re.escape("(check the 'caFile' option)")):
+        spark.read.format("ferry").options(**untrusted).load().collect()
+    missing = {**given, "caFile": "/nonexistent/ca.crt"}
+    with pytest.raises(Exception, match=re.escape("Option 'caFile' names no file")):
+        spark.read.format("ferry").options(**missing).load().collect()
+
+
 def test_write__without_value_column(spark, broker_url, ferry_key):
     df = spark.createDataFrame([("x",)], "name STRING")
 
