@@ -35,7 +35,9 @@ DATABASE_URL); not part of the test suite (STYLE.md §6). One process, one machi
    cpu.cfs_period_us 100000 in /sys/fs/cgroup/cpu/ferry-bench-<pid>-<n>/): a stand-in for one
    process per machine. The clients connect through HAProxy on one port in front of them
    (scripts/haproxy, the README's production set-up; not held to a quota, its CPU printed
-   apart), or with --no-balancer each to one process's port, round robin. Per process count:
+   apart), or with --no-balancer each to one process's port, round robin; with --tls HAProxy
+   ends TLS (a self-signed certificate from `scripts/haproxy cert`, which the clients verify),
+   as the README's set-up with FERRY_LB_CERT. Per process count:
    - produce: 16 producer threads, B=100 keyed messages per request, a 4-partition topic,
      measured after each producer's request to another topic (--warm: how many) has warmed up
      the new processes; afterwards every partition's offsets are contiguous (results and end
@@ -57,7 +59,7 @@ DATABASE_URL); not part of the test suite (STYLE.md §6). One process, one machi
    by its PID (Daphnes, Redis), removing the cgroups (always).
 
     scripts/with-postgres .venv/bin/python bench/postgres.py [--scale 0.2] [--only ...]
-        [--processes 1,2,4] [--producers 16] [--warm 1] [--statements] [--no-balancer]
+        [--processes 1,2,4] [--producers 16] [--warm 1] [--statements] [--no-balancer | --tls]
 """
 
 import argparse
@@ -66,6 +68,7 @@ import os
 import platform
 import shutil
 import signal
+import ssl
 import statistics
 import subprocess
 import sys
@@ -73,7 +76,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -569,6 +572,7 @@ def produce_spread(
     meter: Meter,
     producers: int,
     warm_requests: int = 1,
+    verify: ssl.SSLContext | bool = True,
 ) -> tuple[dict[int, list[int]], Counted]:
     """producers threads, producer i on urls[i % len]; the offsets each partition got.
 
@@ -584,7 +588,9 @@ def produce_spread(
         payload = body(SCALE_BATCH, f"p{i}-")
         got: list[tuple[int, int]] = []
         try:
-            with httpx.Client(base_url=urls[i % len(urls)], headers=headers, timeout=60) as client:
+            with httpx.Client(
+                base_url=urls[i % len(urls)], headers=headers, timeout=60, verify=verify
+            ) as client:
                 for _ in range(warm_requests):
                     client.post(f"/api/v1/topics/{warm_topic}/messages", content=payload)
                 barrier.wait()
@@ -626,7 +632,14 @@ def check_contiguous(client: httpx.Client, topic: str, offsets: dict[int, list[i
 
 
 async def consume(
-    ws_urls: list[str], secret: str, topic: str, group: str, total: int, prefetch: int, ack: int
+    ws_urls: list[str],
+    secret: str,
+    topic: str,
+    group: str,
+    total: int,
+    prefetch: int,
+    ack: int,
+    tls: ssl.SSLContext | None = None,
 ) -> None:
     """len(ws_urls) subscribers in one group take total messages, an ack frame per ack
     messages; returns when every message is settled. Each (partition, offset) exactly once."""
@@ -659,7 +672,7 @@ async def consume(
                 if settled >= total:
                     all_settled.set()
 
-    sockets = [await open_ws(url, secret) for url in ws_urls]
+    sockets = [await open_ws(url, secret, tls) for url in ws_urls]
     tasks: list[asyncio.Task[None]] = []
     try:
         for i, ws in enumerate(sockets):
@@ -823,6 +836,8 @@ def scale_out(
     total = requests * args.producers * SCALE_BATCH
     env = dict(os.environ, REDIS_URL=redis_url)
     headers = {"Authorization": f"Bearer {secret}", "Content-Type": "application/json"}
+    lb_env, tls = tls_setup(tmp) if args.tls else (os.environ, None)
+    verify: ssl.SSLContext | bool = tls or True
     for phase, n in enumerate(args.processes):
         stamp = f"{os.getpid()}-{phase}-{n}"  # a count may come back (--processes 1,4,1)
         topic, warm = f"bench-pg-scale-{stamp}", f"bench-pg-scale-warm-{stamp}"
@@ -846,8 +861,9 @@ def scale_out(
             ws_urls = [f"ws://127.0.0.1:{ports[i % n]}/ws/v1/" for i in range(CONSUMERS)]
             balancer = None
             if args.balancer:
-                urls, balancer = [start_balancer(balancer_dir, ports)], balancer_pid(balancer_dir)
-                ws_urls = [urls[0].replace("http://", "ws://") + "/ws/v1/"] * CONSUMERS
+                urls = [start_balancer(balancer_dir, ports, lb_env)]
+                balancer = balancer_pid(balancer_dir)
+                ws_urls = ["ws" + urls[0].removeprefix("http") + "/ws/v1/"] * CONSUMERS
                 progress(f"haproxy at {urls[0]} in front of them")
             meter = Meter(url, [p.pid for p in procs], postmaster, balancer)
             idle_started, idle_cpu = time.perf_counter(), meter.cpu()[0]
@@ -859,9 +875,11 @@ def scale_out(
                 f"after {args.warm} to warm up"
             )
             offsets, produced = produce_spread(
-                urls, headers, (topic, warm), requests, meter, args.producers, args.warm
+                urls, headers, (topic, warm), requests, meter, args.producers, args.warm, verify
             )
-            with httpx.Client(base_url=urls[0], headers=headers, timeout=60) as client:
+            with httpx.Client(
+                base_url=urls[0], headers=headers, timeout=60, verify=verify
+            ) as client:
                 check_contiguous(client, topic, offsets)
             progress(f"  {produced.rate:,.0f} msgs/s; offsets contiguous")
             analyze(url)
@@ -876,6 +894,7 @@ def scale_out(
                         total,
                         SCALE_PREFETCH,
                         SCALE_ACK,
+                        tls,
                     )
                 )
             progress(f"  {consumed.rate:,.0f} msgs/s; each message once")
@@ -889,11 +908,26 @@ def scale_out(
     return results
 
 
-def start_balancer(directory: Path, ports: list[int]) -> str:
+def tls_setup(tmp: Path) -> tuple[dict[str, str], ssl.SSLContext]:
+    """scripts/haproxy cert: HAProxy's environment with FERRY_LB_CERT, and the clients' context
+    that trusts the self-signed certificate (as ferry_client's verify= would)."""
+    made = subprocess.run(
+        [str(ROOT / "scripts/haproxy"), "cert", str(tmp / "tls"), "bench.test"],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    env = dict(os.environ, FERRY_LB_CERT=made.stdout.strip().splitlines()[-1])
+    return env, ssl.create_default_context(cafile=str(tmp / "tls" / "bench.test.crt"))
+
+
+def start_balancer(directory: Path, ports: list[int], env: Mapping[str, str]) -> str:
     """scripts/haproxy in front of the Daphnes on ports, on a free port; its URL."""
     started = subprocess.run(
         [str(ROOT / "scripts/haproxy"), "start", str(directory), f"127.0.0.1:{free_port()}"]
         + [f"127.0.0.1:{port}" for port in ports],
+        env=env,
         check=True,
         capture_output=True,
         text=True,
@@ -923,6 +957,7 @@ def report(
     bare: dict[str, Counted] | None = None,
     warm: int = SCALE_WARM_REQUESTS,
     balancer: bool = False,
+    tls: bool = False,
 ) -> str:
     lines = ["", "Ferry bench: PostgreSQL speed and scale-out (bench/postgres.py)"]
     width = max(len(k) for k, _ in header)
@@ -1005,7 +1040,12 @@ def report(
             f"{CONSUMERS} consumers in one clustering "
             f"group (prefetch {SCALE_PREFETCH}, ack per {SCALE_ACK}); "
             + (
-                "clients through HAProxy on one port (scripts/haproxy, no quota)"
+                "clients through HAProxy on one port (scripts/haproxy, no quota"
+                + (
+                    ", TLS at HAProxy: a self-signed certificate the clients verify)"
+                    if tls
+                    else ")"
+                )
                 if balancer
                 else "clients round robin over the processes' ports (no load balancer)"
             )
@@ -1145,7 +1185,15 @@ def main() -> int:
         help="scale-out clients through HAProxy on one port (scripts/haproxy), as the README's "
         "production set-up (default); --no-balancer: round robin over the processes' ports",
     )
+    parser.add_argument(
+        "--tls",
+        action="store_true",
+        help="HAProxy ends TLS (FERRY_LB_CERT, a self-signed certificate from scripts/haproxy "
+        "cert) and the scale-out's clients verify it",
+    )
     args = parser.parse_args()
+    if args.tls and not args.balancer:
+        parser.error("--tls is HAProxy's: it needs the balancer (drop --no-balancer)")
     parts = set(args.only.split(","))
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     url = os.environ.get("DATABASE_URL") or None
@@ -1205,7 +1253,16 @@ def main() -> int:
         ]
         print(
             report(
-                args.producers, header, ref, single, scale, skipped, bare, args.warm, args.balancer
+                args.producers,
+                header,
+                ref,
+                single,
+                scale,
+                skipped,
+                bare,
+                args.warm,
+                args.balancer,
+                args.tls,
             ),
             flush=True,
         )
