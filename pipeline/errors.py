@@ -32,8 +32,10 @@ def explain(conn: Connection, exc: Exception, what: str) -> FerrySourceError:
 
 def untrusted(exc: BaseException | None) -> bool:
     """Whether a failure, or one of its causes, is the broker's certificate not trusted."""
-    while exc is not None:
+    seen: set[int] = set()  # a chain can loop back on itself
+    while exc is not None and id(exc) not in seen:
         if isinstance(exc, ssl.SSLCertVerificationError):
             return True
+        seen.add(id(exc))
         exc = exc.__cause__ or exc.__context__
     return False
