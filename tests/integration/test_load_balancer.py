@@ -1,0 +1,87 @@
+"""scripts/haproxy's own answers are Ferry's JSON error body, never HAProxy's HTML page
+(docs/operations.md#load-balancer): 503 `unavailable` with retry_after when no process is up,
+502 `broker_error` when a process ends the connection without a whole answer."""
+
+import socketserver
+import subprocess
+import tempfile
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import httpx
+import pytest
+
+from ferry_client import FerryError
+from tests.integration.conftest import ROOT, free_port
+
+pytestmark = pytest.mark.integration
+HAPROXY = str(ROOT / "scripts" / "haproxy")
+
+
+@contextmanager
+def balancer(*servers: str) -> Iterator[str]:
+    """scripts/haproxy in front of servers (HOST:PORT); its URL; stopped afterwards."""
+    with tempfile.TemporaryDirectory(prefix="ferry-lb-") as workdir:
+        started = subprocess.run(
+            [HAPROXY, "start", workdir, f"127.0.0.1:{free_port()}", *servers],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        try:
+            assert started.returncode == 0, started.stderr[-2000:]
+            yield started.stdout.strip().splitlines()[-1]
+        finally:
+            subprocess.run([HAPROXY, "stop", workdir], check=False)
+
+
+def ferry_error(answer: httpx.Response) -> FerryError:
+    assert answer.headers["content-type"] == "application/json", answer.text[:300]
+    return FerryError.from_body(answer.json(), answer.status_code)
+
+
+def test_no_process_up__503_unavailable_that_clients_wait_out():
+    with balancer(f"127.0.0.1:{free_port()}") as url:  # nothing listens there
+        answer = httpx.post(
+            f"{url}/api/v1/topics/t/messages", json={"messages": [{"value": 1}]}, timeout=30
+        )
+    assert answer.status_code == 503
+    assert answer.headers["retry-after"] == "1"
+    error = ferry_error(answer)
+    # What ferry_client waits out without counting a retry, as a broker without its database.
+    assert error.code == "unavailable"
+    assert error.detail == {"dependency": "broker", "retry_after": 1, "source": "load_balancer"}
+
+
+class ClosesWithoutAnswer(socketserver.BaseRequestHandler):
+    """A process that passes HAProxy's health check, then ends each request unanswered (as one
+    killed in the middle of a request would)."""
+
+    def handle(self) -> None:
+        self.request.settimeout(5)
+        head = b""
+        while b"\r\n\r\n" not in head:
+            chunk = self.request.recv(4096)
+            if not chunk:
+                return
+            head += chunk
+        if head.startswith(b"GET /api/v1/health "):
+            self.request.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+
+
+def test_a_process_that_ends_without_an_answer__502_broker_error():
+    socketserver.ThreadingTCPServer.allow_reuse_address = True
+    with socketserver.ThreadingTCPServer(("127.0.0.1", 0), ClosesWithoutAnswer) as fake:
+        fake.daemon_threads = True
+        threading.Thread(target=fake.serve_forever, daemon=True).start()
+        try:
+            with balancer(f"127.0.0.1:{fake.server_address[1]}") as url:
+                answer = httpx.get(f"{url}/api/v1/topics", timeout=30)
+        finally:
+            fake.shutdown()
+    assert answer.status_code == 502
+    error = ferry_error(answer)
+    assert error.code == "broker_error"
+    assert error.detail == {"source": "load_balancer"}
+    assert "Retrying is safe with message ids" in error.message
