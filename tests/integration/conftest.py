@@ -7,7 +7,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -78,17 +79,47 @@ def start_daphne(
             stderr=subprocess.STDOUT,
         )
     url = f"http://127.0.0.1:{port}"
+    if not healthy(url, alive=lambda: proc.poll() is None):
+        stop(proc)
+        raise RuntimeError(f"daphne did not start: {log_path.read_text()[-2000:]}")
+    return proc, url
+
+
+def healthy(
+    url: str, *, verify: ssl.SSLContext | bool = True, alive: Callable[[], bool] = lambda: True
+) -> bool:
+    """Whether GET url/api/v1/health answers 200 within START_TIMEOUT_S (while alive())."""
     deadline = time.monotonic() + START_TIMEOUT_S
-    while True:
+    while alive() and time.monotonic() <= deadline:
         try:
-            if httpx.get(f"{url}/api/v1/health", timeout=1).status_code == 200:
-                return proc, url
+            if httpx.get(f"{url}/api/v1/health", verify=verify, timeout=1).status_code == 200:
+                return True
         except httpx.TransportError:
             pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            stop(proc)
-            raise RuntimeError(f"daphne did not start: {log_path.read_text()[-2000:]}")
         time.sleep(0.1)
+    return False
+
+
+HAPROXY = str(ROOT / "scripts" / "haproxy")
+
+
+@contextmanager
+def balancer(*servers: str, env: Mapping[str, str] | None = None) -> Iterator[str]:
+    """scripts/haproxy in front of servers (HOST:PORT) on a free port, in a directory of its
+    own: its URL (https:// when env names FERRY_LB_CERT); stopped afterwards."""
+    with tempfile.TemporaryDirectory(prefix="ferry-lb-") as workdir:
+        started = subprocess.run(
+            [HAPROXY, "start", workdir, f"127.0.0.1:{free_port()}", *servers],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        try:
+            assert started.returncode == 0, started.stderr[-2000:]
+            yield started.stdout.strip().splitlines()[-1]
+        finally:
+            subprocess.run([HAPROXY, "stop", workdir], check=False)
 
 
 def sign_in(client: httpx.Client, username: str, password: str, origin: str) -> httpx.Response:
@@ -145,44 +176,19 @@ def tls_broker(broker_url: str) -> Iterator[TlsBroker]:
     set-up has it; stopped afterwards."""
     with tempfile.TemporaryDirectory(prefix="ferry-tls-") as workdir:
         made = subprocess.run(
-            [str(ROOT / "scripts" / "haproxy"), "cert", f"{workdir}/tls", "broker.test"],
+            [HAPROXY, "cert", workdir, "broker.test"],
             check=True,
             capture_output=True,
             text=True,
             timeout=300,
         )
-        pem = made.stdout.strip().splitlines()[-1]
-        lb = f"{workdir}/lb"
-        started = subprocess.run(
-            [
-                *(str(ROOT / "scripts" / "haproxy"), "start", lb),
-                f"127.0.0.1:{free_port()}",
-                broker_url.removeprefix("http://"),
-            ],
-            env=dict(os.environ, FERRY_LB_CERT=pem),
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        try:
-            assert started.returncode == 0, started.stderr[-2000:]
-            tls = TlsBroker(
-                started.stdout.strip().splitlines()[-1], Path(workdir) / "tls" / "broker.test.crt"
-            )
+        env = dict(os.environ, FERRY_LB_CERT=made.stdout.strip().splitlines()[-1])
+        with balancer(broker_url.removeprefix("http://"), env=env) as url:
+            tls = TlsBroker(url, Path(workdir) / "broker.test.crt")
             # HAProxy's first health check must pass before it sends requests on.
             context = ssl.create_default_context(cafile=str(tls.ca_file))
-            deadline = time.monotonic() + START_TIMEOUT_S
-            while True:
-                try:
-                    if httpx.get(f"{tls.url}/api/v1/health", verify=context, timeout=1).is_success:
-                        break
-                except httpx.TransportError:
-                    pass
-                assert time.monotonic() < deadline, "HAProxy did not serve the broker"
-                time.sleep(0.1)
+            assert healthy(tls.url, verify=context), "HAProxy did not serve the broker"
             yield tls
-        finally:
-            subprocess.run([str(ROOT / "scripts" / "haproxy"), "stop", lb], check=False)
 
 
 @pytest.fixture(scope="session")

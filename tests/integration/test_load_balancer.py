@@ -3,37 +3,15 @@
 502 `broker_error` when a process ends the connection without a whole answer."""
 
 import socketserver
-import subprocess
-import tempfile
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import httpx
 import pytest
 
 from ferry_client import FerryError
-from tests.integration.conftest import ROOT, free_port
+from tests.integration.conftest import balancer, free_port
 
 pytestmark = pytest.mark.integration
-HAPROXY = str(ROOT / "scripts" / "haproxy")
-
-
-@contextmanager
-def balancer(*servers: str) -> Iterator[str]:
-    """scripts/haproxy in front of servers (HOST:PORT); its URL; stopped afterwards."""
-    with tempfile.TemporaryDirectory(prefix="ferry-lb-") as workdir:
-        started = subprocess.run(
-            [HAPROXY, "start", workdir, f"127.0.0.1:{free_port()}", *servers],
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        try:
-            assert started.returncode == 0, started.stderr[-2000:]
-            yield started.stdout.strip().splitlines()[-1]
-        finally:
-            subprocess.run([HAPROXY, "stop", workdir], check=False)
 
 
 def ferry_error(answer: httpx.Response) -> FerryError:
