@@ -830,6 +830,7 @@ def scale_out(
     from django.db import connections
 
     from broker.core import keys, topics
+    from ferry_client.transport import ws_url
 
     results = []
     requests = scaled(SCALE_REQUESTS, args.scale, 2)
@@ -863,7 +864,7 @@ def scale_out(
             if args.balancer:
                 urls = [start_balancer(balancer_dir, ports, lb_env)]
                 balancer = balancer_pid(balancer_dir)
-                ws_urls = ["ws" + urls[0].removeprefix("http") + "/ws/v1/"] * CONSUMERS
+                ws_urls = [ws_url(urls[0])] * CONSUMERS
                 progress(f"haproxy at {urls[0]} in front of them")
             meter = Meter(url, [p.pid for p in procs], postmaster, balancer)
             idle_started, idle_cpu = time.perf_counter(), meter.cpu()[0]
