@@ -1,9 +1,13 @@
 """scripts/haproxy's own answers are Ferry's JSON error body, never HAProxy's HTML page
 (docs/operations.md#load-balancer): 503 `unavailable` with retry_after when no process is up,
-502 `broker_error` when a process ends the connection without a whole answer."""
+502 `broker_error` when a process ends the connection without a whole answer; and a request
+that got no answer is sent again, its body waited for."""
 
+import re
+import socket
 import socketserver
 import threading
+import time
 
 import httpx
 import pytest
@@ -63,3 +67,58 @@ def test_a_process_that_ends_without_an_answer__502_broker_error():
     assert error.code == "broker_error"
     assert error.detail == {"source": "load_balancer"}
     assert "Retrying is safe with message ids" in error.message
+
+
+class ClosesTheFirstRequest(socketserver.BaseRequestHandler):
+    """A process that ends the first request it is sent unanswered, as a stopping Daphne ends
+    a kept-alive connection as the request goes out, and answers each one after it."""
+
+    seen: list[bytes] = []
+
+    def handle(self) -> None:
+        self.request.settimeout(5)
+        data = b""
+        while b"\r\n\r\n" not in data:
+            chunk = self.request.recv(4096)
+            if not chunk:
+                return
+            data += chunk
+        if data.startswith(b"GET /api/v1/health "):
+            self.request.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+            return
+        head, _, body = data.partition(b"\r\n\r\n")
+        length = re.search(rb"(?i)content-length: *(\d+)", head)
+        assert length is not None, head
+        while len(body) < int(length[1]):
+            body += self.request.recv(4096)
+        self.seen.append(body)
+        if len(self.seen) > 1:
+            self.request.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
+
+
+def test_a_request_whose_body_comes_after_its_head__sent_again_when_unanswered():
+    """HAProxy retries a request that got no answer only when it had the whole request before
+    it sent any (a copy to send again); `option http-buffer-request` waits for the body. httpx
+    and most clients write the head and the body apart, so a produce's body often comes later."""
+    ClosesTheFirstRequest.seen = []
+    socketserver.ThreadingTCPServer.allow_reuse_address = True
+    with socketserver.ThreadingTCPServer(("127.0.0.1", 0), ClosesTheFirstRequest) as fake:
+        fake.daemon_threads = True
+        threading.Thread(target=fake.serve_forever, daemon=True).start()
+        try:
+            with balancer(f"127.0.0.1:{fake.server_address[1]}") as url:
+                host, port = url.removeprefix("http://").split(":")
+                body = b'{"messages": [{"value": 1}]}'
+                with socket.create_connection((host, int(port)), timeout=30) as client:
+                    client.sendall(
+                        b"POST /api/v1/topics/t/messages HTTP/1.1\r\nHost: broker\r\n"
+                        b"Content-Type: application/json\r\n"
+                        b"Content-Length: %d\r\n\r\n" % len(body)
+                    )
+                    time.sleep(0.3)  # the head reaches HAProxy alone
+                    client.sendall(body)
+                    answer = client.recv(4096)
+        finally:
+            fake.shutdown()
+    assert answer.startswith(b"HTTP/1.1 200"), answer[:300]
+    assert ClosesTheFirstRequest.seen == [body, body]
