@@ -8,6 +8,9 @@ import socket
 import socketserver
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import ClassVar
 
 import httpx
 import pytest
@@ -36,44 +39,9 @@ def test_no_process_up__503_unavailable_that_clients_wait_out():
     assert error.detail == {"dependency": "broker", "retry_after": 1, "source": "load_balancer"}
 
 
-class ClosesWithoutAnswer(socketserver.BaseRequestHandler):
-    """A process that passes HAProxy's health check, then ends each request unanswered (as one
-    killed in the middle of a request would)."""
-
-    def handle(self) -> None:
-        self.request.settimeout(5)
-        head = b""
-        while b"\r\n\r\n" not in head:
-            chunk = self.request.recv(4096)
-            if not chunk:
-                return
-            head += chunk
-        if head.startswith(b"GET /api/v1/health "):
-            self.request.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
-
-
-def test_a_process_that_ends_without_an_answer__502_broker_error():
-    socketserver.ThreadingTCPServer.allow_reuse_address = True
-    with socketserver.ThreadingTCPServer(("127.0.0.1", 0), ClosesWithoutAnswer) as fake:
-        fake.daemon_threads = True
-        threading.Thread(target=fake.serve_forever, daemon=True).start()
-        try:
-            with balancer(f"127.0.0.1:{fake.server_address[1]}") as url:
-                answer = httpx.get(f"{url}/api/v1/topics", timeout=30)
-        finally:
-            fake.shutdown()
-    assert answer.status_code == 502
-    error = ferry_error(answer)
-    assert error.code == "broker_error"
-    assert error.detail == {"source": "load_balancer"}
-    assert "Retrying is safe with message ids" in error.message
-
-
-class ClosesTheFirstRequest(socketserver.BaseRequestHandler):
-    """A process that ends the first request it is sent unanswered, as a stopping Daphne ends
-    a kept-alive connection as the request goes out, and answers each one after it."""
-
-    seen: list[bytes] = []
+class FakeProcess(socketserver.BaseRequestHandler):
+    """A process that passes HAProxy's health check and hands each other request's body to
+    answer(), once it has read the whole request."""
 
     def handle(self) -> None:
         self.request.settimeout(5)
@@ -88,9 +56,46 @@ class ClosesTheFirstRequest(socketserver.BaseRequestHandler):
             return
         head, _, body = data.partition(b"\r\n\r\n")
         length = re.search(rb"(?i)content-length: *(\d+)", head)
-        assert length is not None, head
-        while len(body) < int(length[1]):
+        while length is not None and len(body) < int(length[1]):
             body += self.request.recv(4096)
+        self.answer(body)
+
+    def answer(self, body: bytes) -> None:
+        """Nothing: the connection ends unanswered (as a process killed in the middle of a
+        request would end it)."""
+
+
+@contextmanager
+def behind_balancer(handler: type[FakeProcess]) -> Iterator[str]:
+    """A fake process with this handler, scripts/haproxy in front of it: the balancer's URL."""
+    socketserver.ThreadingTCPServer.allow_reuse_address = True
+    with socketserver.ThreadingTCPServer(("127.0.0.1", 0), handler) as fake:
+        fake.daemon_threads = True
+        threading.Thread(target=fake.serve_forever, daemon=True).start()
+        try:
+            with balancer(f"127.0.0.1:{fake.server_address[1]}") as url:
+                yield url
+        finally:
+            fake.shutdown()
+
+
+def test_a_process_that_ends_without_an_answer__502_broker_error():
+    with behind_balancer(FakeProcess) as url:
+        answer = httpx.get(f"{url}/api/v1/topics", timeout=30)
+    assert answer.status_code == 502
+    error = ferry_error(answer)
+    assert error.code == "broker_error"
+    assert error.detail == {"source": "load_balancer"}
+    assert "Retrying is safe with message ids" in error.message
+
+
+class ClosesTheFirstRequest(FakeProcess):
+    """A process that ends the first request it is sent unanswered, as a stopping Daphne ends
+    a kept-alive connection as the request goes out, and answers each one after it."""
+
+    seen: ClassVar[list[bytes]] = []
+
+    def answer(self, body: bytes) -> None:
         self.seen.append(body)
         if len(self.seen) > 1:
             self.request.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
@@ -101,24 +106,17 @@ def test_a_request_whose_body_comes_after_its_head__sent_again_when_unanswered()
     it sent any (a copy to send again); `option http-buffer-request` waits for the body. httpx
     and most clients write the head and the body apart, so a produce's body often comes later."""
     ClosesTheFirstRequest.seen = []
-    socketserver.ThreadingTCPServer.allow_reuse_address = True
-    with socketserver.ThreadingTCPServer(("127.0.0.1", 0), ClosesTheFirstRequest) as fake:
-        fake.daemon_threads = True
-        threading.Thread(target=fake.serve_forever, daemon=True).start()
-        try:
-            with balancer(f"127.0.0.1:{fake.server_address[1]}") as url:
-                host, port = url.removeprefix("http://").split(":")
-                body = b'{"messages": [{"value": 1}]}'
-                with socket.create_connection((host, int(port)), timeout=30) as client:
-                    client.sendall(
-                        b"POST /api/v1/topics/t/messages HTTP/1.1\r\nHost: broker\r\n"
-                        b"Content-Type: application/json\r\n"
-                        b"Content-Length: %d\r\n\r\n" % len(body)
-                    )
-                    time.sleep(0.3)  # the head reaches HAProxy alone
-                    client.sendall(body)
-                    answer = client.recv(4096)
-        finally:
-            fake.shutdown()
+    with behind_balancer(ClosesTheFirstRequest) as url:
+        host, port = url.removeprefix("http://").split(":")
+        body = b'{"messages": [{"value": 1}]}'
+        with socket.create_connection((host, int(port)), timeout=30) as client:
+            client.sendall(
+                b"POST /api/v1/topics/t/messages HTTP/1.1\r\nHost: broker\r\n"
+                b"Content-Type: application/json\r\n"
+                b"Content-Length: %d\r\n\r\n" % len(body)
+            )
+            time.sleep(0.3)  # the head reaches HAProxy alone
+            client.sendall(body)
+            answer = client.recv(4096)
     assert answer.startswith(b"HTTP/1.1 200"), answer[:300]
     assert ClosesTheFirstRequest.seen == [body, body]
