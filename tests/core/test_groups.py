@@ -97,6 +97,33 @@ def test_commit_offsets__errors_store_nothing(topic_factory, console):
     assert not models.GroupOffset.objects.exclude(committed_offset=0).exists()
 
 
+def test_commit_offsets__statements_do_not_grow_with_the_partitions(
+    topic_factory, console, django_assert_max_num_queries
+):
+    """A commit of every partition's offset moves them in one statement and drops what was
+    in flight on them in another: 64 partitions cost what 2 do (a commit of a 512-partition
+    topic took half a second row by row)."""
+    topics = {n: topic_factory(partitions=n).name for n in (2, 64)}
+    for n, topic in topics.items():
+        produce(console, topic, 2 * n)
+        membership.join_group(console, "g", topic, f"m{n}")
+        delivery.deliver_messages(console, "g", topic, f"m{n}", 1000)
+        assert models.InFlight.objects.filter(partition__topic__name=topic).count() == n
+    counts = {}
+    for n, topic in topics.items():
+        with django_assert_max_num_queries(20) as queries:
+            out = groups.commit_offsets(console, "g", topic, dict.fromkeys(range(n), 1))
+        counts[n] = len(queries)
+        assert {(p.committed_offset, p.lag) for p in out.partitions} == {(1, 1)}
+        assert not models.InFlight.objects.filter(partition__topic__name=topic).exists()
+    assert counts[64] == counts[2]
+    # Each row's time of change is stored, as save() stored it.
+    row = models.GroupOffset.objects.select_related("partition__topic").get(
+        partition__topic__name=topics[64], partition__number=63
+    )
+    assert row.updated_at > row.partition.topic.created_at
+
+
 def test_describe_group__lag_and_unknown(topic_factory, console):
     topic = topic_factory(partitions=2)
     produce(console, topic.name, 4, partition=1)

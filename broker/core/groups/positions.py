@@ -7,7 +7,8 @@ import itertools
 import threading
 from collections.abc import Iterable
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
+from django.utils import timezone
 
 from broker import models
 from broker import settings as ferry_settings
@@ -283,6 +284,7 @@ def _commit_locked(
         .select_related("partition")
         .order_by("id")
     }
+    moves = []
     for number, offset in sorted(offsets.items()):
         row = rows.get(number)
         if row is None:
@@ -301,17 +303,47 @@ def _commit_locked(
                 offset=offset,
                 end_offset=row.partition.next_offset,
             )
-        _move(row, offset)
+        moves.append((row, offset))
+    _move(moves)
     return list(rows.values())
 
 
-def _move(row: models.GroupOffset, offset: int) -> None:
-    """Make offset the row's position, dropping its in-flight deliveries. Caller holds its lock."""
-    row.committed_offset = row.delivered_offset = offset
-    row.save(update_fields=["committed_offset", "delivered_offset", "updated_at"])
-    models.InFlight.objects.filter(
-        group_id=row.group_id, partition_id=row.partition_id, subscriber=row.subscriber
-    ).delete()
+# The rows' new positions in one statement: the ORM's save() a row (or its bulk_update) made a
+# commit of a 512-partition topic's offsets take half a second. SQLite runs MOVE once a row in
+# one driver call (bulk.run_many); PostgreSQL takes the rows as two arrays.
+MOVE = (
+    "UPDATE broker_groupoffset SET committed_offset = %s, delivered_offset = %s, "
+    "updated_at = %s WHERE id = %s"
+)
+MOVE_ARRAYS = (
+    "UPDATE broker_groupoffset AS o SET committed_offset = t.target, delivered_offset = "
+    "t.target, updated_at = %s FROM unnest(%s::bigint[], %s::bigint[]) AS t(id, target) "
+    "WHERE o.id = t.id"
+)
+
+
+def _move(moves: list[tuple[models.GroupOffset, int]]) -> None:
+    """Make each offset its row's position, dropping the rows' in-flight deliveries. Caller
+    holds the rows' locks."""
+    if not moves:
+        return
+    now = timezone.now()
+    stored_now = connection.ops.adapt_datetimefield_value(now)
+    by_subscriber: dict[str, list[int]] = {}
+    for row, offset in moves:
+        row.committed_offset = row.delivered_offset = offset
+        row.updated_at = now
+        by_subscriber.setdefault(row.subscriber, []).append(row.partition_id)
+    if bulk.vendor() == "sqlite":
+        bulk.run_many(MOVE, [(offset, offset, stored_now, row.id) for row, offset in moves])
+    else:
+        ids, targets = [row.id for row, _ in moves], [offset for _, offset in moves]
+        bulk.run(MOVE_ARRAYS, (stored_now, ids, targets))
+    group_id = moves[0][0].group_id
+    for subscriber, partition_ids in by_subscriber.items():
+        models.InFlight.objects.filter(
+            group_id=group_id, subscriber=subscriber, partition_id__in=partition_ids
+        ).delete()
 
 
 def delete_group(principal: Principal, group_name: str, force: bool = False) -> None:

@@ -123,9 +123,7 @@ def reset_offsets(
             )
             for row in rows
         ]
-        for row, target in moves:
-            if target is not None:
-                _move(row, target)
+        _move([(row, target) for row, target in moves if target is not None])
     return info._group_topic_offsets(group_name, topic, [r for r in rows if r.subscriber == ""])
 
 
