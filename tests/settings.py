@@ -18,6 +18,11 @@ FERRY_AUTH_CACHE_SECONDS: float = 0
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 _default = DATABASES["default"]
+if _default["ENGINE"].endswith("postgresql"):
+    # Each process's sessions named after it (pg_stat_activity.application_name), so that a
+    # test waiting for a stopped server's sessions to end tells its own pool's apart
+    # (tests/integration/conftest.py's other_sessions).
+    _default.setdefault("OPTIONS", {})["application_name"] = f"ferry-tests {os.getpid()}"
 if _default["ENGINE"].endswith("sqlite3"):
     _test_dir = Path(os.environ.get("FERRY_TEST_DIR", tempfile.gettempdir()))
     _default["TEST"] = {"NAME": str(_test_dir / f"ferry-test-{os.getpid()}.sqlite3")}

@@ -208,13 +208,15 @@ def redis_url() -> Iterator[str]:
 
 
 def other_sessions() -> set[int]:
-    """Backend pids of the other sessions on the test database (PostgreSQL; empty on SQLite)."""
+    """Backend pids of the test database's sessions that other processes opened (PostgreSQL;
+    empty on SQLite). This process's own (its pool's too) carry its application_name
+    (tests/settings.py) and never end while it runs: waiting for them would only time out."""
     if connection.vendor != "postgresql":
         return set()
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT pid FROM pg_stat_activity "
-            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+            "AND application_name <> current_setting('application_name')"
         )
         return {pid for (pid,) in cursor.fetchall()}
 
