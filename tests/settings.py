@@ -20,8 +20,8 @@ PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 _default = DATABASES["default"]
 if _default["ENGINE"].endswith("postgresql"):
     # Each process's sessions named after it (pg_stat_activity.application_name), so that a
-    # test waiting for a stopped server's sessions to end tells its own pool's apart
-    # (tests/integration/conftest.py's other_sessions).
+    # test waiting for a stopped server's sessions to end does not wait for those of a process
+    # still running (tests/integration/conftest.py's other_sessions).
     _default.setdefault("OPTIONS", {})["application_name"] = f"ferry-tests {os.getpid()}"
 if _default["ENGINE"].endswith("sqlite3"):
     _test_dir = Path(os.environ.get("FERRY_TEST_DIR", tempfile.gettempdir()))

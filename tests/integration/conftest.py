@@ -1,6 +1,7 @@
 """Real servers on loopback for the integration tests: Daphne on the test database, Redis."""
 
 import os
+import re
 import socket
 import ssl
 import subprocess
@@ -208,17 +209,35 @@ def redis_url() -> Iterator[str]:
 
 
 def other_sessions() -> set[int]:
-    """Backend pids of the test database's sessions that other processes opened (PostgreSQL;
-    empty on SQLite). This process's own (its pool's too) carry its application_name
-    (tests/settings.py) and never end while it runs: waiting for them would only time out."""
+    """Backend pids of the test database's sessions that may yet end: those of processes that
+    stopped, or of unknown ones (PostgreSQL; empty on SQLite).
+
+    A test process names its sessions after its pid (tests/settings.py). Those of a process
+    still running (this one's pool, the session's Daphne) stay open as long as it runs:
+    waiting for them would only time out.
+    """
     if connection.vendor != "postgresql":
         return set()
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
-            "AND application_name <> current_setting('application_name')"
+            "SELECT pid, application_name FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
         )
-        return {pid for (pid,) in cursor.fetchall()}
+        rows = cursor.fetchall()
+    return {pid for pid, name in rows if not _of_a_running_process(name)}
+
+
+def _of_a_running_process(application_name: str) -> bool:
+    named = re.fullmatch(r"ferry-tests (\d+)", application_name)
+    if named is None:
+        return False
+    try:
+        os.kill(int(named[1]), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
 
 
 def wait_for_sessions_to_end(keep: set[int] | None = None, timeout_s: float = 15) -> None:
