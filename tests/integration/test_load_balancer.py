@@ -57,7 +57,10 @@ class FakeProcess(socketserver.BaseRequestHandler):
         head, _, body = data.partition(b"\r\n\r\n")
         length = re.search(rb"(?i)content-length: *(\d+)", head)
         while length is not None and len(body) < int(length[1]):
-            body += self.request.recv(4096)
+            chunk = self.request.recv(4096)
+            if not chunk:
+                return
+            body += chunk
         self.answer(body)
 
     def answer(self, body: bytes) -> None:
