@@ -29,6 +29,9 @@ DATABASE_URL); not part of the test suite (STYLE.md §6). One process, one machi
    - the broker's (Daphne's /proc/<pid>/stat) and PostgreSQL's CPU per 1,000 messages;
    - on PostgreSQL the message table is analyzed (untimed) between produce and consume, so
      that every consume reads its new partitions with the same plan (see analyze());
+   - sqlite (PostgreSQL runs only): the same part again on the embedded SQLite, in a child
+     run of this script right after it, for the target "consume+ack B=100 on PostgreSQL >=
+     the same on SQLite" in one run, and the bare floor beside Ferry on SQLite;
 4. scale-out (PostgreSQL only, as root with cgroup v1's cpu controller): 1, 2 and 4 Daphne
    processes on the same PostgreSQL, with a private Redis (scripts/redis) as the channel layer
    and background jobs off, each process held to 0.2 of a core (cpu.cfs_quota_us 20000 of
@@ -60,6 +63,7 @@ DATABASE_URL); not part of the test suite (STYLE.md §6). One process, one machi
 
     scripts/with-postgres .venv/bin/python bench/postgres.py [--scale 0.2] [--only ...]
         [--processes 1,2,4] [--producers 16] [--warm 1] [--statements] [--no-balancer | --tls]
+        [--figures FILE]
 """
 
 import argparse
@@ -124,6 +128,7 @@ SAMPLE_EVERY_S = 0.02
 IDLE_S = 2.0
 WAIT_S = 120
 TARGET_CONSUME_VS_REFERENCE = 0.9
+TARGET_CONSUME_VS_SQLITE = 1.0
 TARGET_ROUND_TRIP_MS = 3.0
 TARGET_SCALE = {2: 1.8, 4: 3.2}
 TARGET_CPU_GROWTH = 0.15
@@ -813,6 +818,51 @@ def ferry_single(
     return out
 
 
+def ferry_on_sqlite(args: argparse.Namespace, tmp: Path) -> Single:
+    """Ferry's part (3.) on the embedded SQLite, in a child run of this script with
+    DATABASE_URL unset and its own data directory, right after the part on PostgreSQL: the
+    target "consume+ack B=100 on PostgreSQL >= the same on SQLite" compared within one run
+    (this machine's speed swings by a third within an hour)."""
+    figures = tmp / "sqlite-figures.json"
+    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+    command = [sys.executable, __file__, "--only", "ferry", "--scale", str(args.scale)]
+    progress("ferry on SQLite: the same part in a child run, DATABASE_URL unset")
+    # Its progress goes to this stderr; its report (stdout) is this one's rows.
+    subprocess.run(
+        [*command, "--figures", str(figures)], env=env, stdout=subprocess.DEVNULL, check=True
+    )
+    return single_from_json(figures.read_bytes())
+
+
+COUNTED_FIELDS = ("messages", "seconds", "broker_cpu", "bench_cpu")
+
+
+def single_to_json(single: Single) -> bytes:
+    """What report() prints of an SQLite run's Single (no PostgreSQL counters)."""
+
+    def counted(c: Counted) -> dict[str, float]:
+        return {name: getattr(c, name) for name in COUNTED_FIELDS}
+
+    return orjson.dumps(
+        {
+            "produce": {str(b): counted(c) for b, c in single.produce.items()},
+            "consume": {str(b): counted(c) for b, c in single.consume.items()},
+            "round_trip": single.round_trip,
+            "e2e": single.e2e,
+        }
+    )
+
+
+def single_from_json(data: bytes) -> Single:
+    found = orjson.loads(data)
+    return Single(
+        produce={int(b): Counted(**c) for b, c in found["produce"].items()},
+        consume={int(b): Counted(**c) for b, c in found["consume"].items()},
+        round_trip=found["round_trip"],
+        e2e=found["e2e"],
+    )
+
+
 # --- Scale-out ----------------------------------------------------------------------------
 
 
@@ -959,6 +1009,7 @@ def report(
     warm: int = SCALE_WARM_REQUESTS,
     balancer: bool = False,
     tls: bool = False,
+    sqlite: Single | None = None,
 ) -> str:
     lines = ["", "Ferry bench: PostgreSQL speed and scale-out (bench/postgres.py)"]
     width = max(len(k) for k, _ in header)
@@ -997,6 +1048,14 @@ def report(
                 for b in BATCHES
             )
             lines.append(f"  {name:<52}{cells}   {cpu}")
+        if sqlite:
+            for name, phases in (
+                ("Ferry on SQLite: produce, REST, 1 client", sqlite.produce),
+                ("Ferry on SQLite: consume+ack, the same", sqlite.consume),
+            ):
+                cells = "".join(f"{phases[b].rate:>10,.0f}" for b in BATCHES)
+                cpu = ", ".join(f"{phases[b].per_1k(phases[b].broker_cpu):.3f}" for b in BATCHES)
+                lines.append(f"  {name:<52}{cells}   {cpu}")
         lines.append("")
         rt, e2e = single.round_trip, single.e2e
         rt50 = statistics.median(rt)
@@ -1025,9 +1084,31 @@ def report(
                     f"{floor.rate / ref['produce'][100]:.2f}x; Ferry's / its "
                     f"{ours.rate / floor.rate:.2f}x, at {cpu_x:.2f}x its broker CPU a message"
                 )
+        if sqlite:
+            rt, e2e = sqlite.round_trip, sqlite.e2e
             lines.append(
-                "  (the other target, consume+ack B=100 >= the same on SQLite: run "
-                "`.venv/bin/python bench/postgres.py --only ferry` and compare)"
+                f"  on SQLite: round trip at prefetch 2 p50 {statistics.median(rt):.2f} ms, "
+                f"p99 {percentile(rt, 0.99):.2f} ms; end to end p50 "
+                f"{statistics.median(e2e):.2f} ms, p99 {percentile(e2e, 0.99):.2f} ms"
+            )
+        if sqlite and single.on_postgres:
+            ours, theirs = single.consume[100], sqlite.consume[100]
+            ratio = ours.rate / theirs.rate
+            cpu_x = ours.per_1k(ours.broker_cpu) / theirs.per_1k(theirs.broker_cpu)
+            lines.append(
+                f"  consume+ack B=100 on PostgreSQL / on SQLite: {ratio:.2f}x   target >= "
+                f"{TARGET_CONSUME_VS_SQLITE:.0f}x: {verdict(ratio >= TARGET_CONSUME_VS_SQLITE)}"
+                f"; broker CPU a message {cpu_x:.2f}x"
+            )
+            for shape, floor in (bare or {}).items():
+                lines.append(
+                    f"  bare, {shape}: its consume+ack B=100 / Ferry's on SQLite "
+                    f"{floor.rate / theirs.rate:.2f}x"
+                )
+        elif single.on_postgres and ref:
+            lines.append(
+                "  (the other target, consume+ack B=100 >= the same on SQLite: add the part "
+                "sqlite to --only)"
             )
     if skipped:
         lines += ["", f"  scale-out skipped: {skipped}"]
@@ -1155,8 +1236,14 @@ def main() -> int:
     parser.add_argument("--scale", type=float, default=1.0, help="multiply every count")
     parser.add_argument(
         "--only",
-        default="reference,bare,ferry,scale",
-        help="comma-separated parts: reference, bare, ferry, scale (all but ferry need PostgreSQL)",
+        default="reference,bare,ferry,sqlite,scale",
+        help="comma-separated parts: reference, bare, ferry, sqlite (Ferry's part again on "
+        "the embedded SQLite, in a child run), scale; all but ferry need PostgreSQL",
+    )
+    parser.add_argument(
+        "--figures",
+        type=Path,
+        help="also write the ferry part's figures to this JSON file (the sqlite part's child run)",
     )
     parser.add_argument(
         "--processes",
@@ -1225,8 +1312,13 @@ def main() -> int:
             ref = reference(url, args.scale)
         if url and "bare" in parts:
             bare = {s: bare_consume(url, tmp, args.scale, postmaster, s) for s in BARE_SHAPES}
+        sqlite: Single | None = None
         if "ferry" in parts:
             single = ferry_single(args, tmp, secret, url, postmaster)
+            if args.figures:
+                args.figures.write_bytes(single_to_json(single))
+        if url and "sqlite" in parts:
+            sqlite = ferry_on_sqlite(args, tmp)
         if "scale" in parts:
             skipped = cgroup_unavailable() if url else "needs PostgreSQL (DATABASE_URL)"
             if skipped is None and url and postmaster:
@@ -1264,6 +1356,7 @@ def main() -> int:
                 args.warm,
                 args.balancer,
                 args.tls,
+                sqlite,
             ),
             flush=True,
         )
