@@ -834,7 +834,7 @@ def ferry_on_sqlite(args: argparse.Namespace, tmp: Path) -> Single:
     return single_from_json(figures.read_bytes())
 
 
-COUNTED_FIELDS = ("messages", "seconds", "broker_cpu", "bench_cpu")
+COUNTED_FIELDS = ("messages", "seconds", "broker_cpu", "bench_cpu", "host_cpu")
 
 
 def single_to_json(single: Single) -> bytes:
@@ -1091,6 +1091,14 @@ def report(
                 f"p99 {percentile(rt, 0.99):.2f} ms; end to end p50 "
                 f"{statistics.median(e2e):.2f} ms, p99 {percentile(e2e, 0.99):.2f} ms"
             )
+        for where, run in (
+            ("on PostgreSQL" if single.on_postgres else "", single),
+            ("on SQLite", sqlite),
+        ):
+            if run is not None:
+                lines.append(
+                    cycle_cpu(where, run.consume[100], single.on_postgres and run is single)
+                )
         if sqlite and single.on_postgres:
             ours, theirs = single.consume[100], sqlite.consume[100]
             ratio = ours.rate / theirs.rate
@@ -1213,6 +1221,18 @@ def report(
             lines += statement_lines("round trip at prefetch 2", cost, "round trips")
     lines.append("")
     return "\n".join(lines)
+
+
+def cycle_cpu(where: str, c: Counted, postgres: bool) -> str:
+    """Who spent the CPU of the consume+ack at B=100 (per 1,000 messages), and how busy the
+    machine was: whether the broker, the database or the bench's own client is the limit."""
+    pg = f", PostgreSQL {c.per_1k(c.postgres_cpu):.4f}" if postgres else ""
+    busy = c.host_cpu / c.seconds / CORES
+    return (
+        f"  consume+ack B=100{' ' + where if where else ''}, CPU s per 1k msgs: broker "
+        f"{c.per_1k(c.broker_cpu):.4f}{pg}, the bench's client {c.per_1k(c.bench_cpu):.4f}; "
+        f"the machine {busy:.0%} busy ({CORES} cores)"
+    )
 
 
 def statement_lines(title: str, c: Counted, unit: str = "msgs") -> list[str]:
