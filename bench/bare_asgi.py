@@ -25,7 +25,11 @@ redelivery) inserted, the cursor moved, COMMIT. One subscriber, one partition, n
 Django, no Channels: the transport's and the database's share of a consumed message. At
 /consume the transaction is one statement (one round trip); at /consume/two it is Ferry's
 shape: the lock and the read in one round trip, then the writes and the COMMIT in another,
-through Ferry's own statement path (broker/core/pgwire.py) and nothing else of Ferry's.
+through Ferry's own statement path (broker/core/pgwire.py) and nothing else of Ferry's. At
+/consume/memory it is one statement that reads no message: the messages are pushed from this
+process's memory (BARE_PRELOAD=1 reads the log into it at start, before any client connects),
+as Ferry pushes what it appended lately from its own (docs/decisions/0024): only the acks, the
+in-flight rows and the cursor go through PostgreSQL.
 """
 
 import asyncio
@@ -49,8 +53,8 @@ async def application(scope: dict[str, Any], receive: Any, send: Any) -> None:
     if scope["type"] == "websocket":
         if scope["path"].rstrip("/") == "/e2e":
             await end_to_end(receive, send)
-        elif scope["path"].rstrip("/") in ("/consume", "/consume/two"):
-            await consume(receive, send, two=scope["path"].rstrip("/").endswith("/two"))
+        elif scope["path"].rstrip("/") in ("/consume", "/consume/two", "/consume/memory"):
+            await consume(receive, send, shape=scope["path"].rstrip("/").rpartition("/")[2])
         else:
             await prefetch_two(receive, send)
         return
@@ -241,6 +245,42 @@ ORDER BY t.off
 """
 
 
+# /consume/memory's statement: as _SETTLE_AND_TAKE, the offsets taken without reading the log
+# (its messages are in memory, _LOG), up to its end.
+_SETTLE_AND_MARK = """
+WITH settled AS (
+    DELETE FROM bare_inflight WHERE off = ANY(%(acked)s) RETURNING off
+), place AS (
+    SELECT next_off FROM bare_cursor WHERE id = 1 FOR UPDATE
+), taken AS (
+    SELECT generate_series(
+        place.next_off,
+        LEAST(place.next_off + %(credit)s + (SELECT count(*) FROM settled), %(end)s) - 1
+    ) AS off FROM place
+), marked AS (
+    INSERT INTO bare_inflight (off, deadline_ms) SELECT off, %(deadline)s FROM taken
+), moved AS (
+    UPDATE bare_cursor SET next_off = (SELECT coalesce(max(off) + 1, place.next_off) FROM taken)
+    FROM place WHERE bare_cursor.id = 1
+)
+SELECT (SELECT count(*) FROM settled), array(SELECT off FROM taken ORDER BY off)
+"""
+
+
+def _preload() -> list[tuple[Any, ...]]:
+    """The log's messages by offset (off, key, value, ts), read once at start (BARE_PRELOAD)."""
+    if os.environ.get("BARE_PRELOAD") != "1":
+        return []
+    import psycopg
+
+    with psycopg.connect(os.environ["BARE_DATABASE_URL"]) as conn:
+        rows = conn.execute("SELECT off, key, value, ts FROM bare_log ORDER BY off").fetchall()
+    return [(off, key, bytes(value), ts) for off, key, value, ts in rows]
+
+
+_LOG = _preload()
+
+
 # /consume/two's statements (the cursor's row locked by the read's subquery).
 _TAKE = """
 SELECT off, key, value, ts FROM bare_log
@@ -271,6 +311,16 @@ class _Consumer:
             cur.execute(_SETTLE_AND_TAKE, {"acked": acked, "credit": credit, "deadline": deadline})
             rows = cur.fetchall()
         return (rows[0][0] if rows else 0), [row[1:] for row in rows if row[1] is not None]
+
+    def settle_and_take_from_memory(self, acked: list[int], credit: int) -> tuple[int, list[Any]]:
+        """settle_and_take with the messages from memory: the statement reads no message."""
+        deadline = int(time.time() * 1000) + 30_000
+        params = {"acked": acked, "credit": credit, "deadline": deadline, "end": len(_LOG)}
+        with self.conn.cursor(binary=True) as cur:
+            cur.execute(_SETTLE_AND_MARK, params)
+            row = cur.fetchone()
+        settled, offsets = (row[0], row[1]) if row else (0, [])
+        return settled, [_LOG[off] for off in offsets]
 
     def settle_and_take_in_two(self, acked: list[int], credit: int) -> tuple[int, list[Any]]:
         """settle_and_take in two round trips through pgwire, as Ferry sends its statements:
@@ -309,7 +359,10 @@ def _pushed(sub: str, rows: list[Any]) -> bytes:
     return orjson.dumps({"type": "messages", "sub": sub, "items": items})
 
 
-async def consume(receive: Any, send: Any, two: bool = False) -> None:
+async def consume(receive: Any, send: Any, shape: str = "consume") -> None:
+    """shape: "consume" (one statement), "two" (two round trips) or "memory" (one statement,
+    the messages from memory)."""
+    two = shape == "two"
     loop = asyncio.get_running_loop()
     consumer: _Consumer | None = None
     try:
@@ -324,7 +377,10 @@ async def consume(receive: Any, send: Any, two: bool = False) -> None:
                 answer = b""
             else:
                 continue
-            call = consumer.settle_and_take_in_two if two else consumer.settle_and_take
+            call = {
+                "two": consumer.settle_and_take_in_two,
+                "memory": consumer.settle_and_take_from_memory,
+            }.get(shape, consumer.settle_and_take)
             settled, rows = await loop.run_in_executor(None, call, acked, credit)
             if not answer:
                 answer = _acked(frame, sub, settled)

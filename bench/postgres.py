@@ -13,8 +13,9 @@ DATABASE_URL); not part of the test suite (STYLE.md §6). One process, one machi
    bench/bare_asgi.py's /consume under the same Daphne. Each ack frame's receipts settled, the
    next messages read, marked in flight and the cursor moved in one transaction on a worker
    thread: no Django, no Channels, no groups. Once as one statement (one round trip), once as
-   Ferry's two round trips through its own libpq path (broker/core/pgwire.py); msgs/s and
-   CPU beside Ferry's;
+   Ferry's two round trips through its own libpq path (broker/core/pgwire.py), once as one
+   statement that reads no message (the messages pushed from the server's memory, as Ferry
+   pushes its recent ones); msgs/s and CPU beside Ferry's;
 3. Ferry on one Daphne process (the in-memory channel layer, background jobs off, as
    bench/websocket.py), on the database the environment names (PostgreSQL, or the embedded
    SQLite when DATABASE_URL is unset: `.venv/bin/python bench/postgres.py --only ferry`):
@@ -517,14 +518,16 @@ class Meter:
 BARE_SHAPES = {
     "one": ("/consume", "bare consume+ack, B=100: one statement"),
     "two": ("/consume/two", "bare consume+ack, B=100: two round trips"),
+    "memory": ("/consume/memory", "bare consume+ack, B=100: one statement, from memory"),
 }
 
 
 def bare_consume(url: str, tmp: Path, scale: float, postmaster: int | None, shape: str) -> Counted:
     """The B=100 consume of Ferry's run, the same client, against bench/bare_asgi.py's /consume
     under the same Daphne: the least a durable broker with per-message acks does on this
-    PostgreSQL behind a WebSocket, its transaction one statement or (shape "two") Ferry's two
-    round trips."""
+    PostgreSQL behind a WebSocket, its transaction one statement, (shape "two") Ferry's two
+    round trips, or (shape "memory") one statement that reads no message, the messages pushed
+    from the server's memory as Ferry pushes its recent ones (ADR 0024)."""
     total = scaled(FERRY_MESSAGES[100], scale, 500) // 100 * 100
     with pg_connect(url) as conn:
         conn.execute("DROP TABLE IF EXISTS bare_log, bare_inflight, bare_cursor")
@@ -541,7 +544,13 @@ def bare_consume(url: str, tmp: Path, scale: float, postmaster: int | None, shap
     path = BARE_SHAPES[shape][0]
     progress(f"bare consume at {path} on 127.0.0.1:{port}: {total} messages")
     os.environ["BARE_DATABASE_URL"] = url
-    proc = start_bare(port, log_path, "daphne")
+    # Shape "memory" reads the log into the server's memory as it starts (untimed); set for
+    # that server only (this process's children after it import bare_asgi too).
+    os.environ["BARE_PRELOAD"] = "1" if shape == "memory" else "0"
+    try:
+        proc = start_bare(port, log_path, "daphne")
+    finally:
+        del os.environ["BARE_PRELOAD"]
     try:
         wait_bare(f"http://127.0.0.1:{port}/", proc)
         meter = Meter(url, [proc.pid], postmaster)
