@@ -222,49 +222,53 @@ CREATE TABLE bare_cursor (id int PRIMARY KEY, next_off bigint NOT NULL);
 INSERT INTO bare_cursor VALUES (1, 0);
 """
 
-# Settle, read, mark in flight and move the cursor: one statement, one round trip, one COMMIT.
-# A settled count comes back even when no message follows (the LEFT JOIN).
-_SETTLE_AND_TAKE = """
+# What both one-statement shapes share: the acked receipts' in-flight rows deleted and the
+# cursor's row locked, then (after `taken`, each shape's own) the taken offsets marked in flight
+# and the cursor moved past them.
+_SETTLED_AND_PLACE = """
 WITH settled AS (
     DELETE FROM bare_inflight WHERE off = ANY(%(acked)s) RETURNING off
 ), place AS (
     SELECT next_off FROM bare_cursor WHERE id = 1 FOR UPDATE
-), taken AS (
-    SELECT off, key, value, ts FROM bare_log
-    WHERE off >= (SELECT next_off FROM place) ORDER BY off
-    LIMIT %(credit)s + (SELECT count(*) FROM settled)
-), marked AS (
+)"""
+_MARKED_AND_MOVED = """, marked AS (
     INSERT INTO bare_inflight (off, deadline_ms) SELECT off, %(deadline)s FROM taken
 ), moved AS (
     UPDATE bare_cursor SET next_off = (SELECT coalesce(max(off) + 1, place.next_off) FROM taken)
     FROM place WHERE bare_cursor.id = 1
 )
-SELECT n.settled, t.off, t.key, t.value, t.ts
+"""
+
+# Settle, read, mark in flight and move the cursor: one statement, one round trip, one COMMIT.
+# A settled count comes back even when no message follows (the LEFT JOIN).
+_SETTLE_AND_TAKE = (
+    _SETTLED_AND_PLACE
+    + """, taken AS (
+    SELECT off, key, value, ts FROM bare_log
+    WHERE off >= (SELECT next_off FROM place) ORDER BY off
+    LIMIT %(credit)s + (SELECT count(*) FROM settled)
+)"""
+    + _MARKED_AND_MOVED
+    + """SELECT n.settled, t.off, t.key, t.value, t.ts
 FROM (SELECT count(*) AS settled FROM settled) n LEFT JOIN taken t ON true
 ORDER BY t.off
 """
-
+)
 
 # /consume/memory's statement: as _SETTLE_AND_TAKE, the offsets taken without reading the log
 # (its messages are in memory, _LOG), up to its end.
-_SETTLE_AND_MARK = """
-WITH settled AS (
-    DELETE FROM bare_inflight WHERE off = ANY(%(acked)s) RETURNING off
-), place AS (
-    SELECT next_off FROM bare_cursor WHERE id = 1 FOR UPDATE
-), taken AS (
+_SETTLE_AND_MARK = (
+    _SETTLED_AND_PLACE
+    + """, taken AS (
     SELECT generate_series(
         place.next_off,
         LEAST(place.next_off + %(credit)s + (SELECT count(*) FROM settled), %(end)s) - 1
     ) AS off FROM place
-), marked AS (
-    INSERT INTO bare_inflight (off, deadline_ms) SELECT off, %(deadline)s FROM taken
-), moved AS (
-    UPDATE bare_cursor SET next_off = (SELECT coalesce(max(off) + 1, place.next_off) FROM taken)
-    FROM place WHERE bare_cursor.id = 1
-)
-SELECT (SELECT count(*) FROM settled), array(SELECT off FROM taken ORDER BY off)
+)"""
+    + _MARKED_AND_MOVED
+    + """SELECT (SELECT count(*) FROM settled), array(SELECT off FROM taken ORDER BY off)
 """
+)
 
 
 def _preload() -> list[tuple[Any, ...]]:
