@@ -1312,6 +1312,8 @@ def main() -> int:
     if args.tls and not args.balancer:
         parser.error("--tls is HAProxy's: it needs the balancer (drop --no-balancer)")
     parts = set(args.only.split(","))
+    if "sqlite" in parts and "ferry" not in parts:
+        parser.error("the part sqlite is compared with the part ferry: name both")
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     url = os.environ.get("DATABASE_URL") or None
     os.environ.pop("REDIS_URL", None)
