@@ -374,6 +374,10 @@ async def consume(receive: Any, send: Any, shape: str = "consume") -> None:
             kind, sub = frame.get("type"), frame.get("sub", "s")
             if kind == "subscribe":
                 consumer = await loop.run_in_executor(None, _Consumer, two)
+                call = {
+                    "two": consumer.settle_and_take_in_two,
+                    "memory": consumer.settle_and_take_from_memory,
+                }.get(shape, consumer.settle_and_take)
                 answer = orjson.dumps({"type": "subscribed", "ref": frame.get("ref"), "sub": sub})
                 acked, credit = [], int(frame.get("prefetch") or 1)
             elif kind == "ack" and consumer is not None:
@@ -381,10 +385,6 @@ async def consume(receive: Any, send: Any, shape: str = "consume") -> None:
                 answer = b""
             else:
                 continue
-            call = {
-                "two": consumer.settle_and_take_in_two,
-                "memory": consumer.settle_and_take_from_memory,
-            }.get(shape, consumer.settle_and_take)
             settled, rows = await loop.run_in_executor(None, call, acked, credit)
             if not answer:
                 answer = _acked(frame, sub, settled)
