@@ -587,11 +587,14 @@ def produce_spread(
     producers: int,
     warm_requests: int = 1,
     verify: ssl.SSLContext | bool = True,
+    by_partition: bool = False,
 ) -> tuple[dict[int, list[int]], Counted]:
     """producers threads, producer i on urls[i % len]; the offsets each partition got.
 
     Each producer warms up (warm_requests requests to topics_[1]) before the measured part
-    starts.
+    starts. by_partition: producer i sends each request to partition i % SCALE_PARTITIONS's
+    URL (POST …/partitions/{p}/messages), which scripts/haproxy sends to one process a
+    partition; else to the topic's, and the keys spread each request over the partitions.
     """
     topic, warm_topic = topics_
     offsets: dict[int, list[int]] = {}
@@ -600,16 +603,17 @@ def produce_spread(
 
     def work(i: int) -> None:
         payload = body(SCALE_BATCH, f"p{i}-")
+        path = f"partitions/{i % SCALE_PARTITIONS}/messages" if by_partition else "messages"
         got: list[tuple[int, int]] = []
         try:
             with httpx.Client(
                 base_url=urls[i % len(urls)], headers=headers, timeout=60, verify=verify
             ) as client:
                 for _ in range(warm_requests):
-                    client.post(f"/api/v1/topics/{warm_topic}/messages", content=payload)
+                    client.post(f"/api/v1/topics/{warm_topic}/{path}", content=payload)
                 barrier.wait()
                 for _ in range(requests):
-                    response = client.post(f"/api/v1/topics/{topic}/messages", content=payload)
+                    response = client.post(f"/api/v1/topics/{topic}/{path}", content=payload)
                     if response.status_code != 200:
                         failures.append(f"{response.status_code} {response.text[:300]}")
                         return
@@ -881,6 +885,17 @@ class Scale:
     produce: Counted
     consume: Counted
     idle_cpu: float  # CPU seconds per second of the Daphne processes, summed, doing nothing
+    # The same producers again, each request to one partition's URL (--by-partition).
+    by_partition: Counted | None = None
+
+
+# The scale-out's phases in the report: (label, Scale attribute).
+SCALE_PHASES = (("produce", "produce"), ("produce/p", "by_partition"), ("consume", "consume"))
+
+
+def scale_phases(scale: list["Scale"]) -> list[tuple[str, str]]:
+    """The phases the runs measured (produce/p only with --by-partition)."""
+    return [(label, name) for label, name in SCALE_PHASES if getattr(scale[0], name) is not None]
 
 
 def scale_out(
@@ -901,8 +916,9 @@ def scale_out(
     for phase, n in enumerate(args.processes):
         stamp = f"{os.getpid()}-{phase}-{n}"  # a count may come back (--processes 1,4,1)
         topic, warm = f"bench-pg-scale-{stamp}", f"bench-pg-scale-warm-{stamp}"
-        topics.create_topic(keys.CONSOLE, topic, SCALE_PARTITIONS)
-        topics.create_topic(keys.CONSOLE, warm, SCALE_PARTITIONS)
+        placed = f"bench-pg-scale-p-{stamp}"  # the produce by partition's
+        for name in (topic, warm, placed) if args.by_partition else (topic, warm):
+            topics.create_topic(keys.CONSOLE, name, SCALE_PARTITIONS)
         connections.close_all()
         procs: list[subprocess.Popen[bytes]] = []
         quotas: list[Quota] = []
@@ -942,6 +958,25 @@ def scale_out(
             ) as client:
                 check_contiguous(client, topic, offsets)
             progress(f"  {produced.rate:,.0f} msgs/s; offsets contiguous")
+            by_partition = None
+            if args.by_partition:
+                progress(f"scale-out x{n}: the same, each request to one partition's URL")
+                with httpx.Client(
+                    base_url=urls[0], headers=headers, timeout=60, verify=verify
+                ) as client:
+                    offsets, by_partition = produce_spread(
+                        urls,
+                        headers,
+                        (placed, warm),
+                        requests,
+                        meter,
+                        args.producers,
+                        args.warm,
+                        verify,
+                        by_partition=True,
+                    )
+                    check_contiguous(client, placed, offsets)
+                progress(f"  {by_partition.rate:,.0f} msgs/s; offsets contiguous")
             analyze(url)
             progress(f"scale-out x{n}: {CONSUMERS} consumers, prefetch {SCALE_PREFETCH}")
             with meter.measure(total) as consumed:
@@ -958,7 +993,7 @@ def scale_out(
                     )
                 )
             progress(f"  {consumed.rate:,.0f} msgs/s; each message once")
-            results.append(Scale(n, produced, consumed, idle))
+            results.append(Scale(n, produced, consumed, idle, by_partition))
         finally:
             subprocess.run([str(ROOT / "scripts/haproxy"), "stop", str(balancer_dir)], check=False)
             for proc in procs:
@@ -1159,10 +1194,10 @@ def report(
             f"{'s/1k':>7}{'/1k':>7}{'/1k':>8}{'(mean backends)':>19}{'busy':>6}",
             "  " + "-" * 126,
         ]
-        for kind in ("produce", "consume"):
-            base: Counted = getattr(scale[0], kind)
+        for kind, name in scale_phases(scale):
+            base: Counted = getattr(scale[0], name)
             for s in scale:
-                c: Counted = getattr(s, kind)
+                c: Counted = getattr(s, name)
                 growth = c.rate / base.rate
                 target = ""
                 if s.processes in TARGET_SCALE:
@@ -1181,6 +1216,13 @@ def report(
                     f"{c.activity.get('idle in txn', 0):>7.2f}"
                     f"{c.host_cpu / c.seconds / CORES:>6.0%}"
                 )
+        if scale[0].by_partition is not None:
+            lines.append(
+                "  produce: each request's keys spread it over the partitions; produce/p: the "
+                "same producers, producer i sending each request to partition i mod "
+                f"{SCALE_PARTITIONS}'s URL (POST …/partitions/{{p}}/messages), which "
+                "scripts/haproxy sends to one process a partition"
+            )
         lines.append(
             f"  host busy: the machine's CPU in use, all processes, of its {CORES} cores "
             "(/proc/stat): near 100 % the processes share what is left, and a process's CPU "
@@ -1189,9 +1231,9 @@ def report(
         if balancer:
             spent = ", ".join(
                 f"{kind} x{s.processes} {c.per_1k(c.balancer_cpu):.4f}"
-                for kind in ("produce", "consume")
+                for kind, name in scale_phases(scale)
                 for s in scale
-                for c in [getattr(s, kind)]
+                for c in [getattr(s, name)]
             )
             lines.append(f"  HAProxy CPU s/1k msgs (not in broker CPU): {spent}")
         idle = ", ".join(f"x{s.processes} {s.idle_cpu * 1000:.0f} ms/s" for s in scale)
@@ -1202,8 +1244,8 @@ def report(
             f"{1 + TARGET_CPU_GROWTH:.2f})"
         )
         for s in scale:
-            for kind in ("produce", "consume"):
-                c = getattr(s, kind)
+            for kind, name in scale_phases(scale):
+                c = getattr(s, name)
                 other = ", ".join(
                     f"{name} {mean:.2f}"
                     for name, mean in sorted(c.activity.items())
@@ -1216,8 +1258,8 @@ def report(
                     lines.append(f"  lock waits, {kind} x{s.processes}: {waits}")
         lines.append("  guarantees: ok (contiguous offsets per partition; every message once)")
         for s in scale:
-            for kind in ("produce", "consume"):
-                c = getattr(s, kind)
+            for kind, name in scale_phases(scale):
+                c = getattr(s, name)
                 if c.statements:
                     lines += statement_lines(f"{kind} x{s.processes}", c)
     if single:
@@ -1288,6 +1330,14 @@ def main() -> int:
         type=int,
         default=SCALE_WARM_REQUESTS,
         help=f"scale-out warm-up requests per producer (default {SCALE_WARM_REQUESTS})",
+    )
+    parser.add_argument(
+        "--by-partition",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="scale-out: produce a second time, producer i sending each request to partition "
+        "i %% 4's URL, which HAProxy sends to one process a partition (default); "
+        "--no-by-partition: only the keys spread over the partitions",
     )
     parser.add_argument(
         "--statements",

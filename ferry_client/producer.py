@@ -68,7 +68,12 @@ class Sender:
         self.hooks = tuple(hooks)
 
     @staticmethod
-    def path(topic: str) -> str:
+    def path(topic: str, messages: Sequence[Message] = ()) -> str:
+        """The topic's URL, or one partition's when every message names that partition: a load
+        balancer sends those to the one process appending to it (docs/client.md#partitions)."""
+        partitions = {m.partition for m in messages}
+        if len(partitions) == 1 and (only := partitions.pop()) is not None and only >= 0:
+            return f"/topics/{topic}/partitions/{only}/messages"
         return f"/topics/{topic}/messages"
 
     @staticmethod
@@ -88,7 +93,9 @@ class Sender:
         """One send: the hooks around one request; either transport runs it."""
         self.before(topic, messages)
         try:
-            body = yield transport.Request("POST", self.path(topic), json=self.body(messages))
+            body = yield transport.Request(
+                "POST", self.path(topic, messages), json=self.body(messages)
+            )
             results = self.results(topic, messages, body)
         except Exception as exc:
             self.after(topic, messages, exc)

@@ -57,6 +57,69 @@ def test_produce__explicit_partition(api_client, topic_factory, end_offsets):
     assert end_offsets("orders") == [0, 0, 2]
 
 
+def produce_to(client, topic, partition, *messages):
+    return client.post(
+        f"/api/v1/topics/{topic}/partitions/{partition}/messages",
+        {"messages": messages},
+        content_type=JSON,
+    )
+
+
+def test_produce_to_partition__every_message_lands_there(api_client, topic_factory, end_offsets):
+    topic_factory("orders", partitions=3)
+
+    response = produce_to(
+        api_client,
+        "orders",
+        1,
+        {"value": 1, "key": "a"},
+        {"value": 2, "key": "b"},
+        {"value": 3, "partition": 1},
+    )
+
+    assert response.status_code == 200
+    assert [(r["partition"], r["offset"]) for r in response.json()["results"]] == [
+        (1, 0),
+        (1, 1),
+        (1, 2),
+    ]
+    assert end_offsets("orders") == [0, 3, 0]
+    assert [m["key"] for m in fetch(api_client, "orders", 1).json()["messages"]] == [
+        "a",
+        "b",
+        None,
+    ]
+
+
+@pytest.mark.parametrize(
+    ("partition", "messages", "status", "code"),
+    [
+        pytest.param(
+            1,
+            [{"value": 1}, {"value": 2, "partition": 0}],
+            400,
+            "invalid_message",
+            id="message-names-another",
+        ),
+        pytest.param(3, [{"value": 1}], 404, "partition_not_found", id="past-the-topic"),
+        pytest.param(-1, [{"value": 1}], 422, "validation_error", id="negative"),
+    ],
+)
+def test_produce_to_partition__refused_stores_nothing(
+    api_client, topic_factory, end_offsets, error_of, partition, messages, status, code
+):
+    topic_factory("orders", partitions=3)
+
+    response = produce_to(api_client, "orders", partition, *messages)
+
+    assert error_of(response) == (status, code)
+    assert end_offsets("orders") == [0, 0, 0]
+
+
+def test_produce_to_partition__unknown_topic(api_client, error_of):
+    assert error_of(produce_to(api_client, "nope", 0, {"value": 1})) == (404, "topic_not_found")
+
+
 def test_produce__idempotent_id(api_client, topic_factory, end_offsets):
     topic_factory("orders", partitions=3)
     first = produce(api_client, "orders", {"value": "a", "id": "order-1"}).json()["results"][0]

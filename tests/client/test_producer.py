@@ -18,6 +18,7 @@ class FakeBroker:
     def __init__(self, failures=()):
         self.failures = list(failures)
         self.bodies = []
+        self.paths = []
         self.offset = 0
         self.lock = threading.Lock()
 
@@ -25,6 +26,7 @@ class FakeBroker:
         body = json.loads(request.content)
         with self.lock:
             self.bodies.append(body)
+            self.paths.append(request.url.path)
             if self.failures:
                 failure = self.failures.pop(0)
                 if isinstance(failure, Exception):
@@ -63,6 +65,25 @@ def test_send__every_message_gets_an_id_kept_across_retries():
         "id": result.id,
     }
     assert (result.topic, result.partition, result.offset) == ("t", 0, 0)
+
+
+def test_send__one_partitions_messages_go_to_its_url():
+    """A load balancer sends a partition's URL to the process appending to it (docs/client.md)."""
+    broker = FakeBroker()
+    with producer(broker) as p:
+        p.send("t", 1, partition=2)
+        p.send_batch("t", [Message(2, partition=2), Message(3, partition=2)])
+        p.send_batch("t", [Message(4, partition=2), Message(5, partition=1)])
+        p.send_batch("t", [Message(6, partition=2), 7])
+        p.send("t", 8, key="k")
+    assert broker.paths == [
+        "/api/v1/topics/t/partitions/2/messages",
+        "/api/v1/topics/t/partitions/2/messages",
+        "/api/v1/topics/t/messages",
+        "/api/v1/topics/t/messages",
+        "/api/v1/topics/t/messages",
+    ]
+    assert broker.bodies[0]["messages"][0]["partition"] == 2
 
 
 def test_send__bytes_go_as_base64_and_delays_are_scheduled():

@@ -123,3 +123,77 @@ def test_a_request_whose_body_comes_after_its_head__sent_again_when_unanswered()
             answer = client.recv(4096)
     assert answer.startswith(b"HTTP/1.1 200"), answer[:300]
     assert ClosesTheFirstRequest.seen == [body, body]
+
+
+class NamesItself(FakeProcess):
+    """A process that answers each request with its own port."""
+
+    def answer(self, body: bytes) -> None:
+        name = str(port_of(self.server)).encode()
+        self.request.sendall(
+            b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s"
+            % (len(name), name)
+        )
+
+
+def port_of(server: socketserver.BaseServer) -> int:
+    address = server.server_address
+    assert isinstance(address, tuple)
+    return int(address[1])
+
+
+@contextmanager
+def processes(count: int) -> Iterator[list[socketserver.ThreadingTCPServer]]:
+    socketserver.ThreadingTCPServer.allow_reuse_address = True
+    started: list[socketserver.ThreadingTCPServer] = []
+    try:
+        for _ in range(count):
+            fake = socketserver.ThreadingTCPServer(("127.0.0.1", 0), NamesItself)
+            fake.daemon_threads = True
+            threading.Thread(target=fake.serve_forever, daemon=True).start()
+            started.append(fake)
+        yield started
+    finally:
+        for fake in started:
+            fake.shutdown()
+            fake.server_close()
+
+
+def test_a_partitions_produces_go_to_one_process__and_to_another_when_it_is_down():
+    """docs/operations.md#load-balancer: POST …/partitions/{p}/messages picks its process by
+    the topic and p, so that one process appends to a partition; a topic's partitions spread
+    over the processes, and a process that goes down hands its partitions to the others."""
+    with processes(4) as fakes:
+        addresses = [f"127.0.0.1:{port_of(fake)}" for fake in fakes]
+        with balancer(*addresses) as url, httpx.Client(base_url=url, timeout=30) as client:
+
+            def process_of(topic: str, partition: int) -> str:
+                answer = client.post(
+                    f"/api/v1/topics/{topic}/partitions/{partition}/messages", content=b"{}"
+                )
+                assert answer.status_code == 200, answer.text[:300]
+                return answer.text
+
+            for topic in ("orders", "payments"):
+                picked = [{process_of(topic, p) for _ in range(4)} for p in range(4)]
+                assert all(len(each) == 1 for each in picked), picked
+                assert len({each.pop() for each in picked}) == 4
+            # Not pinned: other requests are spread (leastconn, one at a time: round robin).
+            plain = {
+                client.post("/api/v1/topics/orders/messages", content=b"{}").text for _ in range(8)
+            }
+            assert len(plain) > 1
+
+            gone = process_of("orders", 0)
+            stopped = next(f for f in fakes if str(port_of(f)) == gone)
+            stopped.shutdown()
+            stopped.server_close()
+            # Moved once HAProxy's checks find it down (two failed checks 2 s apart): each
+            # produce to partition 0 then goes to one other process, the same each time.
+            deadline = time.monotonic() + 20
+            recent: list[str] = []
+            while len(recent) < 5 or len(set(recent[-5:])) > 1:
+                assert time.monotonic() < deadline, f"partition 0 did not move: {recent[-5:]}"
+                recent.append(process_of("orders", 0))
+                time.sleep(0.2)
+            assert recent[-1] != gone

@@ -54,6 +54,24 @@ class _Planned(NamedTuple):
     due_ms: int | None = None
 
 
+def in_partition(messages: list[NewMessage], partition: int) -> list[NewMessage]:
+    """The messages of a produce to one partition's URL, each placed in that partition.
+
+    A message that names another partition is refused (nothing is stored); one that names
+    none goes there instead of where its key would send it. A number past the topic's
+    partitions is refused by the append, as a message's own would be.
+    """
+    for index, message in enumerate(messages):
+        if message.partition is not None and message.partition != partition:
+            raise errors.InvalidMessage(
+                f"Message {index} names partition {message.partition}; this request produces "
+                f"to partition {partition} only.",
+                index=index,
+                partition=message.partition,
+            )
+    return [m if m.partition == partition else m._replace(partition=partition) for m in messages]
+
+
 def message_size(message: NewMessage) -> int:
     """What counts against max_message_bytes: value, key and headers, in bytes."""
     size = len(message.value)
