@@ -335,7 +335,7 @@ def test_readme_production__one_address_in_front_of_both_processes(deployment):
             json={"name": "behind-lb", "partitions": 2},
             headers={"X-Forwarded-For": "127.0.0.1"},  # a client's own header is replaced
         )
-        assert created.status_code == 201
+        assert created.status_code == 201, created.text[:500]
         # The console's HSTS: Django saw HAProxy's X-Forwarded-Proto (FERRY_HTTPS=1 trusts it).
         login = lb.get(f"{deployment.balancer}/login/")
         assert login.status_code == 200
@@ -412,10 +412,17 @@ def test_readme_production__one_address_in_front_of_both_processes(deployment):
 
         assert asyncio.run(console_socket())["type"] == "hello"
 
-        # Producers send through the address all along, while a process stops under them.
+        # Producers send through the address all along, while a process stops under them: one
+        # to the topic's URL, two to a partition's (HAProxy's daphne_partition backend, which
+        # moves the stopped process's partition to the other).
         answers: list[tuple[int, str]] = []  # status, and the message's value or the error
         sending = threading.Event()
         sending.set()
+        paths = [
+            "/topics/behind-lb/messages",
+            "/topics/behind-lb/partitions/0/messages",
+            "/topics/behind-lb/partitions/1/messages",
+        ]
 
         def produce(worker: int) -> None:
             with httpx.Client(
@@ -429,9 +436,7 @@ def test_readme_production__one_address_in_front_of_both_processes(deployment):
                     n += 1
                     value = f"producer {worker} message {n}"
                     try:
-                        sent = producer.post(
-                            "/topics/behind-lb/messages", json={"messages": [{"value": value}]}
-                        )
+                        sent = producer.post(paths[worker], json={"messages": [{"value": value}]})
                     except httpx.TransportError as exc:  # no answer: a failure too
                         answers.append((0, repr(exc)))
                         continue
@@ -492,11 +497,17 @@ def test_readme_production__one_address_in_front_of_both_processes(deployment):
         assert len(answers) > 30
         # Each answered produce stored once: none lost, none sent twice by HAProxy's retries.
         stored = [
-            item["value"]
+            (partition, item["value"])
             for partition in (0, 1)
             for item in lb.get(
                 f"/topics/behind-lb/partitions/{partition}/messages",
                 params={"offset": 0, "limit": 10000},
             ).json()["messages"]
         ]
-        assert sorted(stored) == sorted(["one", *(value for _, value in answers)])
+        values = [value for _, value in stored]
+        assert sorted(values) == sorted(["one", *(value for _, value in answers)])
+        # And a partition's URL put each of its messages in that partition.
+        for partition, value in stored:
+            for worker in (1, 2):
+                if value.startswith(f"producer {worker} "):
+                    assert partition == worker - 1, value
