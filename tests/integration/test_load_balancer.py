@@ -188,7 +188,7 @@ def test_a_partitions_produces_go_to_one_process__and_to_another_when_it_is_down
             stopped = next(f for f in fakes if str(port_of(f)) == gone)
             stopped.shutdown()
             stopped.server_close()
-            # Moved once HAProxy's checks find it down (two failed checks 2 s apart): each
+            # Moved at its first refused connection (observe layer4, on-error mark-down): each
             # produce to partition 0 then goes to one other process, the same each time.
             deadline = time.monotonic() + 20
             recent: list[str] = []
