@@ -950,33 +950,28 @@ def scale_out(
                 f"scale-out x{n}: {args.producers} producers, {requests} requests each "
                 f"after {args.warm} to warm up"
             )
-            offsets, produced = produce_spread(
-                urls, headers, (topic, warm), requests, meter, args.producers, args.warm, verify
-            )
-            with httpx.Client(
-                base_url=urls[0], headers=headers, timeout=60, verify=verify
-            ) as client:
-                check_contiguous(client, topic, offsets)
-            progress(f"  {produced.rate:,.0f} msgs/s; offsets contiguous")
-            by_partition = None
-            if args.by_partition:
-                progress(f"scale-out x{n}: the same, each request to one partition's URL")
+            # The producers' requests to each topic, its offsets checked: the keys spread,
+            # then (--by-partition) each request to one partition's URL.
+            produced: dict[bool, Counted] = {}
+            for by_partition, to in ((False, topic), (True, placed))[: 1 + args.by_partition]:
+                if by_partition:
+                    progress(f"scale-out x{n}: the same, each request to one partition's URL")
+                offsets, produced[by_partition] = produce_spread(
+                    urls,
+                    headers,
+                    (to, warm),
+                    requests,
+                    meter,
+                    args.producers,
+                    args.warm,
+                    verify,
+                    by_partition,
+                )
                 with httpx.Client(
                     base_url=urls[0], headers=headers, timeout=60, verify=verify
                 ) as client:
-                    offsets, by_partition = produce_spread(
-                        urls,
-                        headers,
-                        (placed, warm),
-                        requests,
-                        meter,
-                        args.producers,
-                        args.warm,
-                        verify,
-                        by_partition=True,
-                    )
-                    check_contiguous(client, placed, offsets)
-                progress(f"  {by_partition.rate:,.0f} msgs/s; offsets contiguous")
+                    check_contiguous(client, to, offsets)
+                progress(f"  {produced[by_partition].rate:,.0f} msgs/s; offsets contiguous")
             analyze(url)
             progress(f"scale-out x{n}: {CONSUMERS} consumers, prefetch {SCALE_PREFETCH}")
             with meter.measure(total) as consumed:
@@ -993,7 +988,7 @@ def scale_out(
                     )
                 )
             progress(f"  {consumed.rate:,.0f} msgs/s; each message once")
-            results.append(Scale(n, produced, consumed, idle, by_partition))
+            results.append(Scale(n, produced[False], consumed, idle, produced.get(True)))
         finally:
             subprocess.run([str(ROOT / "scripts/haproxy"), "stop", str(balancer_dir)], check=False)
             for proc in procs:

@@ -48,6 +48,7 @@ from broker.core.records import (
     GroupInfo,
     GroupTopicOffsets,
     MemberInfo,
+    NewMessage,
     PartitionInfo,
     Principal,
     RedriveJobInfo,
@@ -542,7 +543,11 @@ def purge_topic(
 
 @api.post("/topics/{name}/messages", response=schemas.ProduceOut, tags=["messages"])
 async def produce(request: AuthedRequest, name: str, body: schemas.ProduceIn) -> HttpResponse:
-    messages = body.to_new_messages()
+    return await appended(request, name, body.to_new_messages())
+
+
+async def appended(request: AuthedRequest, name: str, messages: list[NewMessage]) -> HttpResponse:
+    """Both produce endpoints' append (a group commit) and answer."""
     results = await groupcommit.append_messages(request.auth, name, messages)
     return json_response({"results": [wire.append_out(r) for r in results]})
 
@@ -560,9 +565,7 @@ async def produce_to_partition(
 ) -> HttpResponse:
     # Its own URL so that a load balancer can send one partition's produces to one process
     # (scripts/haproxy): its appends then never wait for another's partition lock.
-    messages = log.in_partition(body.to_new_messages(), partition)
-    results = await groupcommit.append_messages(request.auth, name, messages)
-    return json_response({"results": [wire.append_out(r) for r in results]})
+    return await appended(request, name, log.in_partition(body.to_new_messages(), partition))
 
 
 def browsed_out(m: BrowsedMessage) -> dict[str, Any]:
