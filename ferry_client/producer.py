@@ -17,7 +17,7 @@ from typing import Any, Protocol, TypeVar
 
 import httpx
 
-from ferry_client import batching, transactions, transport
+from ferry_client import batching, errors, partitioner, transactions, transport
 from ferry_client.records import Message, SendHooks, SendResult, Value
 
 logger = logging.getLogger(__name__)
@@ -64,8 +64,14 @@ def new_message(
 class Sender:
     """What both producers share: the request body, its results, and the hooks around it."""
 
-    def __init__(self, hooks: Sequence[SendHooks]) -> None:
+    def __init__(self, hooks: Sequence[SendHooks], metadata_max_age_ms: int | None) -> None:
         self.hooks = tuple(hooks)
+        # None: no routing hints, and no reads of a topic's partition count.
+        self.partitions = (
+            partitioner.Partitions(metadata_max_age_ms / 1000)
+            if metadata_max_age_ms is not None
+            else None
+        )
 
     @staticmethod
     def path(topic: str, messages: Sequence[Message] = ()) -> str:
@@ -93,15 +99,36 @@ class Sender:
         """One send: the hooks around one request; either transport runs it."""
         self.before(topic, messages)
         try:
+            headers = yield from self.hint(topic, messages)
             body = yield transport.Request(
-                "POST", self.path(topic, messages), json=self.body(messages)
+                "POST", self.path(topic, messages), json=self.body(messages), headers=headers
             )
             results = self.results(topic, messages, body)
         except Exception as exc:
             self.after(topic, messages, exc)
             raise
+        if self.partitions is not None:
+            self.partitions.check(topic, messages, results)
         self.after(topic, messages, results)
         return results
+
+    def hint(self, topic: str, messages: Sequence[Message]) -> transport.Exchange[dict[str, str]]:
+        """The header naming the partition of a keyed request to the topic's URL, for the load
+        balancer (docs/client.md#partitions); the topic's partition count is read first when
+        it is not known, or old. The broker ignores the header."""
+        partitions = self.partitions
+        if partitions is None or all(m.partition is not None for m in messages):
+            return {}  # the partition's own URL, or no one partition
+        if partitions.to_read(topic, messages, time.monotonic()):
+            count = None
+            try:
+                count = (yield transport.Request("GET", f"/topics/{topic}"))["partitions"]
+            except errors.FerryError as exc:
+                # Only the routing needs it: the send goes on, and its own answer tells.
+                logger.debug("reading %s's partition count failed: %s", topic, exc)
+            partitions.read(topic, count, time.monotonic())
+        route = partitions.route(topic, messages)
+        return {} if route is None else {partitioner.HINT_HEADER: str(route)}
 
     @staticmethod
     def resolve(
@@ -154,6 +181,10 @@ class Producer(transport.Closing):
     `urls` is one broker URL or several (a list, or comma-separated): a request that fails on
     one is retried on the next. Connection errors, timeouts and 5xx answers are retried up to
     `retries` times with backoff; a 4xx raises FerryError at once.
+
+    A keyed request whose messages share a partition names it in a header that a load balancer
+    routes by; the topic's partition count for that is read once every `metadata_max_age_ms`
+    (None: never, and no header). See docs/client.md#partitions.
     """
 
     def __init__(
@@ -170,6 +201,7 @@ class Producer(transport.Closing):
         hooks: Sequence[SendHooks] = (),
         http_transport: httpx.BaseTransport | None = None,
         verify: transport.Verify = True,
+        metadata_max_age_ms: int | None = partitioner.DEFAULT_METADATA_MAX_AGE_MS,
     ) -> None:
         self._transport = transport.Transport(
             urls,
@@ -179,7 +211,7 @@ class Producer(transport.Closing):
             http_transport=http_transport,
             verify=verify,
         )
-        self._sender = Sender(hooks)
+        self._sender = Sender(hooks, metadata_max_age_ms)
         self._batcher: batching.Batcher[tuple[Message, concurrent.futures.Future[SendResult]]]
         self._batcher = batching.Batcher(linger_ms / 1000, batch_size)
         self._cond = threading.Condition()

@@ -11,7 +11,7 @@ from types import TracebackType
 
 import httpx
 
-from ferry_client import batching, producer, transactions, transport
+from ferry_client import batching, partitioner, producer, transactions, transport
 from ferry_client.records import Message, SendHooks, SendResult, Value
 
 
@@ -36,6 +36,7 @@ class AsyncProducer:
         hooks: Sequence[SendHooks] = (),
         http_transport: httpx.AsyncBaseTransport | None = None,
         verify: transport.Verify = True,
+        metadata_max_age_ms: int | None = partitioner.DEFAULT_METADATA_MAX_AGE_MS,
     ) -> None:
         self._transport = transport.AsyncTransport(
             urls,
@@ -45,7 +46,7 @@ class AsyncProducer:
             http_transport=http_transport,
             verify=verify,
         )
-        self._sender = producer.Sender(hooks)
+        self._sender = producer.Sender(hooks, metadata_max_age_ms)
         self._batcher: batching.Batcher[tuple[Message, asyncio.Future[SendResult]]]
         self._batcher = batching.Batcher(linger_ms / 1000, batch_size)
         # Made on first use, inside the loop that uses them.

@@ -52,7 +52,8 @@ class Request:
 
     `idempotent=False` retries it only when it never reached a broker (so it never runs twice);
     `timeout` overrides the transport's for this call; `accept` asks for a media type other than
-    JSON (an Arrow stream), and the answer is then its bytes.
+    JSON (an Arrow stream), and the answer is then its bytes; `headers` are sent besides the
+    client's own (a routing hint).
     """
 
     method: str
@@ -62,6 +63,7 @@ class Request:
     idempotent: bool = True
     timeout: float | None = None
     accept: str | None = None
+    headers: Mapping[str, str] | None = None
 
 
 # A call written once for both shells: yields each Request and receives its answer's body.
@@ -271,7 +273,7 @@ def attempt_all(
         policy, endpoints, f"{request.method} {request.path}", idempotent=request.idempotent
     )
     query = {k: v for k, v in (request.params or {}).items() if v is not None}
-    headers = {"Accept": request.accept} if request.accept else None
+    headers = {**(request.headers or {}), **({"Accept": request.accept} if request.accept else {})}
     for url, delay in attempts:
         if delay:
             yield delay
@@ -280,7 +282,7 @@ def attempt_all(
             url + API_PREFIX + request.path,
             json=request.json,
             params=query,
-            headers=headers,
+            headers=headers or None,
             timeout=request.timeout or default_timeout,
         )
         if isinstance(outcome, httpx.Response):

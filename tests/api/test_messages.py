@@ -5,6 +5,8 @@ import time
 
 import pytest
 
+from broker.core import partitioning
+
 JSON = "application/json"
 
 
@@ -55,6 +57,26 @@ def test_produce__explicit_partition(api_client, topic_factory, end_offsets):
 
     assert [(r["partition"], r["offset"]) for r in response.json()["results"]] == [(2, 0), (2, 1)]
     assert end_offsets("orders") == [0, 0, 2]
+
+
+def test_produce__the_partition_hint_header_is_only_for_the_load_balancer(
+    api_client, topic_factory, end_offsets
+):
+    """docs/api.md: Ferry-Partition-Hint routes at scripts/haproxy; the broker ignores it."""
+    topic_factory("orders", partitions=3)
+    key = next(f"k{n}" for n in range(100) if partitioning.partition_for_key(f"k{n}", 3) == 1)
+
+    for hint in ("2", "9", "not a number"):
+        response = api_client.post(
+            "/api/v1/topics/orders/messages",
+            {"messages": [{"value": 1, "key": key}]},
+            content_type=JSON,
+            headers={"Ferry-Partition-Hint": hint},
+        )
+        assert response.status_code == 200, response.content
+        assert response.json()["results"][0]["partition"] == 1
+
+    assert end_offsets("orders") == [0, 3, 0]
 
 
 def produce_to(client, topic, partition, *messages):

@@ -41,7 +41,8 @@ assert ferry_client.__file__.startswith(sys.prefix), ferry_client.__file__
 loaded = sorted(m for m in sys.modules if m.split(".")[0] in {"django", "broker", "mqsite"})
 assert not loaded, loaded
 dist = metadata.distribution("ferry-client")
-assert sorted(r.split(">")[0] for r in dist.requires) == ["httpx", "websockets"], dist.requires
+requires = sorted(r.split(">")[0] for r in dist.requires)
+assert requires == ["httpx", "murmurhash2", "websockets"], dist.requires
 assert any(str(f).endswith("py.typed") for f in dist.files)
 print(dist.version)
 """

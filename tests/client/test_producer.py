@@ -7,26 +7,41 @@ import threading
 import httpx
 import pytest
 
+from broker.core import partitioning
 from ferry_client import AsyncProducer, FerryError, Message, Producer, SendHooks
 
 URL = "http://broker:8000"
 
 
 class FakeBroker:
-    """Answers produce requests with consecutive offsets; can fail the first few attempts."""
+    """Answers produce requests with consecutive offsets; can fail the first few attempts.
 
-    def __init__(self, failures=()):
+    A topic has `partitions` partitions (its GET answers them): a message goes to the one it
+    names, else its key's (the broker's hash), else 0. Not `readable`: its GET answers 404.
+    """
+
+    def __init__(self, failures=(), partitions=1, readable=True):
         self.failures = list(failures)
+        self.partitions = partitions
+        self.readable = readable
         self.bodies = []
         self.paths = []
+        self.hints = []
+        self.reads = []
         self.offset = 0
         self.lock = threading.Lock()
 
     def __call__(self, request):
+        if request.method == "GET":
+            self.reads.append(request.url.path)
+            if not self.readable:
+                return httpx.Response(404, json={"error": {"code": "topic_not_found"}})
+            return httpx.Response(200, json={"partitions": self.partitions})
         body = json.loads(request.content)
         with self.lock:
             self.bodies.append(body)
             self.paths.append(request.url.path)
+            self.hints.append(request.headers.get("Ferry-Partition-Hint"))
             if self.failures:
                 failure = self.failures.pop(0)
                 if isinstance(failure, Exception):
@@ -37,9 +52,18 @@ class FakeBroker:
                 if "delay_ms" in message:
                     results.append({"scheduled_id": 7, "deliver_at_ms": 99, "duplicate": False})
                     continue
-                results.append({"partition": 0, "offset": self.offset, "duplicate": False})
+                results.append(
+                    {"partition": self.place(message), "offset": self.offset, "duplicate": False}
+                )
                 self.offset += 1
         return httpx.Response(200, json={"results": results})
+
+    def place(self, message):
+        if "partition" in message:
+            return message["partition"]
+        if "key" in message:
+            return partitioning.partition_for_key(message["key"], self.partitions)
+        return 0
 
     def ids(self):
         return [[m["id"] for m in body["messages"]] for body in self.bodies]
@@ -84,6 +108,78 @@ def test_send__one_partitions_messages_go_to_its_url():
         "/api/v1/topics/t/messages",
     ]
     assert broker.bodies[0]["messages"][0]["partition"] == 2
+
+
+def a_key_in_each_partition(count):
+    keys: dict[int, str] = {}
+    for n in range(1000):
+        keys.setdefault(partitioning.partition_for_key(f"k{n}", count), f"k{n}")
+    return [keys[p] for p in range(count)]
+
+
+def test_send__a_keyed_requests_partition_goes_in_a_hint_for_the_balancer():
+    """docs/client.md#partitions: the topic's partition count is read once; a request whose
+    messages share a partition names it in Ferry-Partition-Hint, others carry no hint."""
+    broker = FakeBroker(partitions=4)
+    key = a_key_in_each_partition(4)
+    with producer(broker) as p:
+        results = [p.send("t", 1, key=key[2]), p.send("t", 2, key=key[3])]
+        p.send_batch("t", [Message(3, key=key[1]), Message(4, key=key[1])])
+        p.send_batch("t", [Message(5, key=key[1]), Message(6, key=key[2])])
+        p.send_batch("t", [Message(7, key=key[0]), Message(8, partition=0)])
+        p.send("t", 9)
+        p.send("t", 10, partition=1)
+    assert broker.reads == ["/api/v1/topics/t"]
+    assert broker.hints == ["2", "3", "1", None, "0", None, None]
+    assert broker.paths[-1] == "/api/v1/topics/t/partitions/1/messages"
+    assert [r.partition for r in results] == [2, 3]
+
+
+def test_send__a_topic_that_grew_is_read_again_when_an_answer_shows_it():
+    broker = FakeBroker(partitions=4)
+    moved = next(
+        f"k{n}"
+        for n in range(1000)
+        if partitioning.partition_for_key(f"k{n}", 4) != partitioning.partition_for_key(f"k{n}", 8)
+    )
+    with producer(broker) as p:
+        p.send("t", 1, key=moved)
+        broker.partitions = 8
+        stale = p.send("t", 2, key=moved)
+        p.send("t", 3, key=moved)
+    was, now = partitioning.partition_for_key(moved, 4), partitioning.partition_for_key(moved, 8)
+    # The broker places the message; the stale hint only cost the routing of one request.
+    assert stale.partition == now
+    assert broker.hints == [str(was), str(was), str(now)]
+    assert len(broker.reads) == 2
+
+
+def test_send__an_unreadable_count_sends_without_hint_and_tries_later():
+    broker = FakeBroker(partitions=4)
+    with producer(broker, metadata_max_age_ms=0) as p:
+        p.send("t", 1, key="a")
+        p.send("t", 2, key="a")
+        broker.readable = False
+        p.send("t", 3, key="a")  # routed by the last count read
+        p.send("t", 4, key="a")  # not read again within RETRY_AFTER_FAILURE_S
+    hint = str(partitioning.partition_for_key("a", 4))
+    assert broker.hints == [hint, hint, hint, hint]
+    assert len(broker.reads) == 3
+    fresh = FakeBroker(partitions=4, readable=False)
+    with producer(fresh) as p:
+        assert p.send("t", 1, key="a").offset == 0
+        p.send("t", 2, key="a")
+    assert fresh.hints == [None, None]
+    assert len(fresh.reads) == 1
+
+
+def test_send__no_hints_and_no_reads_when_turned_off():
+    broker = FakeBroker(partitions=4)
+    with producer(broker, metadata_max_age_ms=None) as p:
+        p.send("t", 1, key="a")
+        p.send_async("t", 2, key="a").result()
+    assert broker.hints == [None, None]
+    assert broker.reads == []
 
 
 def test_send__bytes_go_as_base64_and_delays_are_scheduled():
@@ -176,7 +272,7 @@ async def test_async_producer__send_async_lingers_and_close_flushes():
         backoff_ms=1,
         hooks=[hooks],
     ) as p:
-        first = await p.send("t", "now")
+        first = await p.send("t", "now", key="k")
         queued = [p.send_async("t", i) for i in range(3)]
         await asyncio.sleep(0.01)
         assert not any(f.done() for f in queued)
@@ -185,5 +281,7 @@ async def test_async_producer__send_async_lingers_and_close_flushes():
         last = p.send_async("t", "at close")
     assert first.offset == 0
     assert (await last).offset == 4
+    # The keyed send read the topic's partition count and named its partition.
+    assert (broker.reads, broker.hints[0]) == (["/api/v1/topics/t"], "0")
     # The refused connection was retried with the same id.
     assert broker.ids()[0] == broker.ids()[1]

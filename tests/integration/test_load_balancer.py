@@ -160,9 +160,10 @@ def processes(count: int) -> Iterator[list[socketserver.ThreadingTCPServer]]:
 
 
 def test_a_partitions_produces_go_to_one_process__and_to_another_when_it_is_down():
-    """docs/operations.md#load-balancer: POST …/partitions/{p}/messages picks its process by
-    the topic and p, so that one process appends to a partition; a topic's partitions spread
-    over the processes, and a process that goes down hands its partitions to the others."""
+    """docs/operations.md#load-balancer: POST …/partitions/{p}/messages, or the topic's URL
+    with the Ferry-Partition-Hint header, picks its process by the topic and p, so that one
+    process appends to a partition; a topic's partitions spread over the processes, and a
+    process that goes down hands its partitions to the others."""
     with processes(4) as fakes:
         addresses = [f"127.0.0.1:{port_of(fake)}" for fake in fakes]
         with balancer(*addresses) as url, httpx.Client(base_url=url, timeout=30) as client:
@@ -178,11 +179,28 @@ def test_a_partitions_produces_go_to_one_process__and_to_another_when_it_is_down
                 picked = [{process_of(topic, p) for _ in range(4)} for p in range(4)]
                 assert all(len(each) == 1 for each in picked), picked
                 assert len({each.pop() for each in picked}) == 4
-            # Not pinned: other requests are spread (leastconn, one at a time: round robin).
-            plain = {
-                client.post("/api/v1/topics/orders/messages", content=b"{}").text for _ in range(8)
-            }
-            assert len(plain) > 1
+            # A keyed produce to the topic's URL naming its partition in the hint header
+            # (ferry_client, docs/client.md#partitions) goes to that partition's process.
+            for p in range(4):
+                hinted = {
+                    client.post(
+                        "/api/v1/topics/orders/messages",
+                        content=b"{}",
+                        headers={"Ferry-Partition-Hint": str(p)},
+                    ).text
+                    for _ in range(4)
+                }
+                assert hinted == {process_of("orders", p)}
+            # Not pinned: other requests are spread (leastconn, one at a time: round robin),
+            # and so is a hint that is not a partition number.
+            for headers in ({}, {"Ferry-Partition-Hint": "two"}):
+                plain = {
+                    client.post(
+                        "/api/v1/topics/orders/messages", content=b"{}", headers=headers
+                    ).text
+                    for _ in range(8)
+                }
+                assert len(plain) > 1, headers
 
             gone = process_of("orders", 0)
             stopped = next(f for f in fakes if str(port_of(f)) == gone)

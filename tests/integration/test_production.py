@@ -28,6 +28,7 @@ import orjson
 import pytest
 import websockets
 
+from ferry_client.partitioner import partition_for_key
 from tests.integration.conftest import ROOT, free_port, sign_in, stop
 
 pytestmark = [
@@ -414,7 +415,8 @@ def test_readme_production__one_address_in_front_of_both_processes(deployment):
 
         # Producers send through the address all along, while a process stops under them: one
         # to the topic's URL, two to a partition's (HAProxy's daphne_partition backend, which
-        # moves the stopped process's partition to the other).
+        # moves the stopped process's partition to the other), and one keyed to the topic's
+        # URL with its partition in the hint header, as ferry_client sends (the same backend).
         answers: list[tuple[int, str]] = []  # status, and the message's value or the error
         sending = threading.Event()
         sending.set()
@@ -422,6 +424,7 @@ def test_readme_production__one_address_in_front_of_both_processes(deployment):
             "/topics/behind-lb/messages",
             "/topics/behind-lb/partitions/0/messages",
             "/topics/behind-lb/partitions/1/messages",
+            "/topics/behind-lb/messages",
         ]
 
         def produce(worker: int) -> None:
@@ -435,14 +438,20 @@ def test_readme_production__one_address_in_front_of_both_processes(deployment):
                 while sending.is_set():
                     n += 1
                     value = f"producer {worker} message {n}"
+                    message, hint = {"value": value}, {}
+                    if worker == 3:
+                        message["key"] = f"k{n}"
+                        hint = {"Ferry-Partition-Hint": str(partition_for_key(f"k{n}", 2))}
                     try:
-                        sent = producer.post(paths[worker], json={"messages": [{"value": value}]})
+                        sent = producer.post(
+                            paths[worker], json={"messages": [message]}, headers=hint
+                        )
                     except httpx.TransportError as exc:  # no answer: a failure too
                         answers.append((0, repr(exc)))
                         continue
                     answers.append((sent.status_code, value if sent.is_success else sent.text))
 
-        producers = [threading.Thread(target=produce, args=(w,)) for w in range(3)]
+        producers = [threading.Thread(target=produce, args=(w,)) for w in range(4)]
 
         # A WebSocket through the same address: subscribed, then a message produced over REST.
         async def subscriber() -> tuple[str, int]:
@@ -506,8 +515,11 @@ def test_readme_production__one_address_in_front_of_both_processes(deployment):
         ]
         values = [value for _, value in stored]
         assert sorted(values) == sorted(["one", *(value for _, value in answers)])
-        # And a partition's URL put each of its messages in that partition.
+        # And a partition's URL put each of its messages in that partition, a key in its own.
         for partition, value in stored:
             for worker in (1, 2):
                 if value.startswith(f"producer {worker} "):
                     assert partition == worker - 1, value
+            if value.startswith("producer 3 "):
+                n = value.rsplit(" ", 1)[1]
+                assert partition == partition_for_key(f"k{n}", 2), value
