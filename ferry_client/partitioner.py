@@ -9,6 +9,7 @@ partition count here costs the routing, never a message's place.
 Pure, like batching.py: the caller passes the clock and does the reading.
 """
 
+import threading
 from collections.abc import Sequence
 
 from murmurhash2 import murmurhash2
@@ -34,28 +35,39 @@ def partition_for_key(key: str, partition_count: int) -> int:
 class Partitions:
     """The partition counts of the topics a producer sends to, as last read from the broker.
 
-    Several threads may use one: each topic's entry is replaced whole, never changed in place.
+    Each topic's count has a generation, which changes when the count does: send_async's
+    batches per partition (batching.Lane) drawn with an older count go first.
     """
 
     def __init__(self, max_age_s: float) -> None:
         self.max_age_s = max_age_s
-        # topic → (partition count, None while unknown; when to read it again)
-        self._read: dict[str, tuple[int | None, float]] = {}
+        # topic → (partition count, None while unknown; when to read it again; generation)
+        self._read: dict[str, tuple[int | None, float, int]] = {}
+        self._lock = threading.Lock()  # the producer's threads and its linger thread
 
     def to_read(self, topic: str, messages: Sequence[Message], now: float) -> bool:
         """Whether to read the topic's partition count before sending: a message is keyed and
         without a partition, and the count was never read, or long ago."""
         if not any(m.key is not None and m.partition is None for m in messages):
             return False
-        return now >= self._read.get(topic, (None, now))[1]
+        return now >= self._read.get(topic, (None, now, 0))[1]
 
     def read(self, topic: str, count: int | None, now: float) -> None:
         """The topic's partition count as read at `now` (None: the read failed). After a
         failure the last count still routes (stale beats none) until a later try."""
-        if count is None:
-            self._read[topic] = (self._count(topic), now + RETRY_AFTER_FAILURE_S)
-        else:
-            self._read[topic] = (count, now + self.max_age_s)
+        with self._lock:
+            known, _, generation = self._read.get(topic, (None, 0.0, 0))
+            if count is None:
+                self._read[topic] = (known, now + RETRY_AFTER_FAILURE_S, generation)
+            else:
+                changed = count != known
+                self._read[topic] = (count, now + self.max_age_s, generation + changed)
+
+    def lane(self, topic: str, message: Message) -> tuple[int, int | None]:
+        """Where send_async queues the message: the count's generation, and its partition as
+        far as the client can tell (None: the broker's round robin, or the count unknown)."""
+        count, _, generation = self._read.get(topic, (None, 0.0, 0))
+        return generation, self._partition(message, count)
 
     def route(self, topic: str, messages: Sequence[Message]) -> int | None:
         """The one partition every message goes to, as far as the client can tell, or None.
@@ -79,16 +91,21 @@ class Partitions:
             if message.key is None or message.partition is not None or result.partition is None:
                 continue
             if result.partition != partition_for_key(message.key, count):
-                self._read.pop(topic, None)
+                with self._lock:
+                    if self._count(topic) == count:
+                        generation = self._read[topic][2]
+                        self._read[topic] = (None, 0.0, generation + 1)
                 return
 
     def _count(self, topic: str) -> int | None:
-        return self._read.get(topic, (None, 0.0))[0]
+        return self._read.get(topic, (None, 0.0, 0))[0]
 
     @staticmethod
     def _partition(message: Message, count: int | None) -> int | None:
         if message.partition is not None:
             return message.partition
+        if count == 1:
+            return 0  # keyed or not: a topic of one partition keeps one order
         if message.key is not None and count:
             return partition_for_key(message.key, count)
         return None

@@ -73,6 +73,13 @@ class Sender:
             else None
         )
 
+    def lane(self, topic: str, message: Message) -> batching.Lane:
+        """Where send_async queues a message: per partition while hints are on, as a Kafka
+        producer batches, so that each batch can take its partition's route."""
+        if self.partitions is None:
+            return batching.ONE_LANE
+        return self.partitions.lane(topic, message)
+
     @staticmethod
     def path(topic: str, messages: Sequence[Message] = ()) -> str:
         """The topic's URL, or one partition's when every message names that partition: a load
@@ -175,7 +182,7 @@ class Producer(transport.Closing):
 
     `send` and `send_batch` return once the broker has committed the messages. `send_async`
     returns a future at once; a linger thread sends such messages in batches of up to
-    `batch_size` per topic, waiting at most `linger_ms` for a batch to fill. `close()` (or the
+    `batch_size` per partition, waiting at most `linger_ms` for a batch to fill. `close()` (or the
     `with` block's end) sends what still waits.
 
     `urls` is one broker URL or several (a list, or comma-separated): a request that fails on
@@ -270,7 +277,8 @@ class Producer(transport.Closing):
         with self._cond:
             if self._closed:
                 raise RuntimeError("The producer is closed.")
-            self._batcher.add(topic, (message, future), time.monotonic())
+            lane = self._sender.lane(topic, message)
+            self._batcher.add(topic, (message, future), time.monotonic(), lane)
             if self._thread is None:
                 self._thread = threading.Thread(
                     target=self._linger, name="ferry-producer", daemon=True
@@ -329,7 +337,7 @@ class Producer(transport.Closing):
         return self._transport.run(self._sender.exchange(topic, messages))
 
     def _linger(self) -> None:
-        """The linger thread: sends due batches one at a time, so a topic's order holds."""
+        """The linger thread: sends due batches one at a time, so a partition's order holds."""
         while True:
             with self._cond:
                 while True:

@@ -123,7 +123,7 @@ class AsyncProducer:
         )
         loop = asyncio.get_running_loop()
         future: asyncio.Future[SendResult] = loop.create_future()
-        self._batcher.add(topic, (message, future), loop.time())
+        self._batcher.add(topic, (message, future), loop.time(), self._sender.lane(topic, message))
         wake, _ = self._events()
         if self._task is None:
             self._task = asyncio.create_task(self._linger(), name="ferry-producer")
@@ -169,7 +169,7 @@ class AsyncProducer:
         return await self._transport.run(self._sender.exchange(topic, messages))
 
     async def _linger(self) -> None:
-        """The linger task: sends due batches one at a time, so a topic's order holds."""
+        """The linger task: sends due batches one at a time, so a partition's order holds."""
         loop = asyncio.get_running_loop()
         wake, progress = self._events()
         while True:

@@ -46,3 +46,24 @@ def test_batcher__refuses_nonsense():
         Batcher(linger_s=0, batch_size=0)
     with pytest.raises(ValueError, match="linger"):
         Batcher(linger_s=-1, batch_size=1)
+
+
+def test_take__lanes_of_a_topic_go_apart():
+    """send_async's per-partition batches: a full lane goes at once, the others wait."""
+    batcher: Batcher[object] = Batcher(linger_s=10, batch_size=2)
+    batcher.add("t", "a1", now=0.0, lane=(1, 0))
+    batcher.add("t", "b1", now=0.0, lane=(1, 1))
+    batcher.add("t", "a2", now=0.0, lane=(1, 0))
+    assert batcher.take(now=0.0) == [("t", ["a1", "a2"])]
+    assert batcher.take(now=10.0) == [("t", ["b1"])]
+
+
+def test_take__a_topics_older_generation_goes_first_and_at_once():
+    """Lanes drawn with an older partition count go before any of the newer, due or not."""
+    batcher: Batcher[object] = Batcher(linger_s=10, batch_size=2)
+    batcher.add("t", "unrouted", now=0.0, lane=(0, None))
+    batcher.add("t", "x1", now=1.0, lane=(1, 3))
+    batcher.add("t", "x2", now=1.0, lane=(1, 3))
+    batcher.add("u", "other topic", now=0.0, lane=(5, 0))
+    assert batcher.take(now=1.0) == [("t", ["unrouted"]), ("t", ["x1", "x2"])]
+    assert len(batcher) == 1

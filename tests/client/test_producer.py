@@ -182,6 +182,47 @@ def test_send__no_hints_and_no_reads_when_turned_off():
     assert broker.reads == []
 
 
+def test_send_async__batches_per_partition_each_with_its_hint():
+    """docs/client.md#partitions: as a Kafka producer, one batch a partition; a partition's
+    messages in the order queued."""
+    broker = FakeBroker(partitions=4)
+    key = a_key_in_each_partition(4)
+    with producer(broker, linger_ms=60_000, batch_size=1000) as p:
+        p.send("t", "first", key=key[0])  # reads the count
+        futures = [p.send_async("t", n, key=key[n % 4]) for n in range(8)]
+        futures.append(p.send_async("t", "named", partition=2))
+        futures.append(p.send_async("t", "keyless"))
+        p.flush()
+    assert [f.result().partition for f in futures[:8]] == [0, 1, 2, 3] * 2
+    sent = [
+        (hint, [m["value"] for m in body["messages"]])
+        for hint, body in zip(broker.hints, broker.bodies, strict=True)
+    ]
+    assert sent == [
+        ("0", ["first"]),
+        ("0", [0, 4]),
+        ("1", [1, 5]),
+        ("2", [2, 6, "named"]),
+        ("3", [3, 7]),
+        (None, ["keyless"]),
+    ]
+
+
+def test_send_async__what_was_queued_before_the_count_was_read_goes_first():
+    broker = FakeBroker(partitions=4)
+    key = a_key_in_each_partition(4)
+    with producer(broker, linger_ms=60_000, batch_size=2) as p:
+        early = p.send_async("t", "queued first", key=key[1])
+        p.send("t", "reads the count", key=key[0])
+        # A full batch of partition 1: due at once, yet it waits for the older one.
+        later = [p.send_async("t", n, key=key[1]) for n in range(2)]
+        for future in [early, *later]:
+            future.result(timeout=10)
+    values = [[m["value"] for m in body["messages"]] for body in broker.bodies]
+    assert values == [["reads the count"], ["queued first"], [0, 1]]
+    assert broker.hints == ["0", "1", "1"]
+
+
 def test_send__bytes_go_as_base64_and_delays_are_scheduled():
     broker = FakeBroker()
     with producer(broker) as p:
