@@ -45,7 +45,11 @@ DATABASE_URL); not part of the test suite (STYLE.md §6). One process, one machi
    - produce: 16 producer threads, B=100 keyed messages per request, a 4-partition topic,
      measured after each producer's request to another topic (--warm: how many) has warmed up
      the new processes; afterwards every partition's offsets are contiguous (results and end
-     offsets agree);
+     offsets agree); then the same producers again, each request to one partition's URL
+     (produce/p; --no-by-partition: not), and twice through ferry_client's Producer, keyed
+     send_async flushed every 4 requests' worth as 4 requests: hints off, each request mixing
+     the partitions (produce/c), and a request a partition with the Ferry-Partition-Hint
+     header that HAProxy routes by (produce/k) (--no-by-key: neither);
    - consume: 4 WebSocket consumers in one clustering group (prefetch 200, an ack frame per 100
      messages) take every message exactly once;
    - msgs/s and the ratio to one process; CPU per 1,000 messages of the Daphne processes
@@ -64,7 +68,7 @@ DATABASE_URL); not part of the test suite (STYLE.md §6). One process, one machi
 
     scripts/with-postgres .venv/bin/python bench/postgres.py [--scale 0.2] [--only ...]
         [--processes 1,2,4] [--producers 16] [--warm 1] [--statements] [--no-balancer | --tls]
-        [--figures FILE]
+        [--no-by-partition] [--no-by-key] [--figures FILE]
 """
 
 import argparse
@@ -85,7 +89,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import orjson
@@ -108,6 +112,9 @@ from produce_fetch import (
 )
 from websocket import frame, open_ws, percentile, receive, subscribe
 from websockets.asyncio.client import ClientConnection
+
+if TYPE_CHECKING:
+    from ferry_client import SendResult
 
 BATCHES = (1, 100, 1000)
 # Messages per batch size at --scale 1: the reference's and Ferry's.
@@ -578,6 +585,40 @@ def produce_sequential(client: httpx.Client, topic: str, batch: int, requests: i
             raise RuntimeError(f"produce failed: {response.status_code} {response.text[:300]}")
 
 
+def placed(result: "SendResult") -> tuple[int, int]:
+    """A ferry_client SendResult's partition and offset (a message stored, not scheduled)."""
+    if result.partition is None or result.offset is None:
+        raise RuntimeError(f"not stored: {result}")
+    return result.partition, result.offset
+
+
+def balanced_keys(prefix: str) -> list[str]:
+    """Keys prefix<n>, SCALE_BATCH of them in each partition, in the order n comes: a round of
+    the client's produce is SCALE_PARTITIONS requests of SCALE_BATCH, mixed or a partition
+    each, and none larger than the group commit takes (100 messages)."""
+    from ferry_client.partitioner import partition_for_key
+
+    counts = [0] * SCALE_PARTITIONS
+    keys: list[str] = []
+    n = 0
+    while len(keys) < SCALE_PARTITIONS * SCALE_BATCH:
+        key, n = f"{prefix}{n}", n + 1
+        partition = partition_for_key(key, SCALE_PARTITIONS)
+        if counts[partition] < SCALE_BATCH:
+            counts[partition] += 1
+            keys.append(key)
+    return keys
+
+
+# How the scale-out's producers route their requests (--by-partition, --by-key).
+SPREAD, BY_PARTITION, CLIENT, BY_KEY = "spread", "partition", "client", "key"
+ROUTE_LABELS = {
+    BY_PARTITION: "each request to one partition's URL",
+    CLIENT: "through ferry_client, a topic's batches mixing partitions (hints off)",
+    BY_KEY: "through ferry_client, a batch a partition with its hint",
+}
+
+
 def produce_spread(
     urls: list[str],
     headers: dict[str, str],
@@ -587,25 +628,69 @@ def produce_spread(
     producers: int,
     warm_requests: int = 1,
     verify: ssl.SSLContext | bool = True,
-    by_partition: bool = False,
+    route: str = SPREAD,
 ) -> tuple[dict[int, list[int]], Counted]:
     """producers threads, producer i on urls[i % len]; the offsets each partition got.
 
     Each producer warms up (warm_requests requests to topics_[1]) before the measured part
-    starts. by_partition: producer i sends each request to partition i % SCALE_PARTITIONS's
-    URL (POST …/partitions/{p}/messages), which scripts/haproxy sends to one process a
-    partition; else to the topic's, and the keys spread each request over the partitions.
+    starts. SPREAD: each request of SCALE_BATCH keyed messages to the topic's URL, its keys
+    spread over the partitions. BY_PARTITION: producer i sends each request to partition
+    i % SCALE_PARTITIONS's URL (POST …/partitions/{p}/messages), which scripts/haproxy sends
+    to one process a partition. CLIENT and BY_KEY: a ferry_client Producer queues
+    SCALE_PARTITIONS requests' worth of keyed messages (send_async) and flushes them, as
+    SCALE_PARTITIONS requests either way (the client gives every message an id). CLIENT: hints
+    off, so each batch of SCALE_BATCH mixes the partitions, as the client batched before;
+    BY_KEY: a batch a partition, each with the hint header that scripts/haproxy routes by
+    (docs/client.md#partitions).
     """
     topic, warm_topic = topics_
     offsets: dict[int, list[int]] = {}
     failures: list[str] = []
     lock = threading.Lock()
+    # The client sends whole rounds of SCALE_PARTITIONS requests' worth.
+    rounds = max(1, requests // SCALE_PARTITIONS)
+    through_client = route in (CLIENT, BY_KEY)
+    per_producer = rounds * SCALE_PARTITIONS * SCALE_BATCH if through_client else None
+
+    def keyed_client(i: int, url: str) -> list[tuple[int, int]]:
+        from ferry_client import Message, Producer
+
+        secret = headers["Authorization"].removeprefix("Bearer ")
+        got: list[tuple[int, int]] = []
+        hinted = route == BY_KEY
+        with Producer(
+            url,
+            secret,
+            verify=verify,
+            linger_ms=WAIT_S * 1000,
+            # A round: a batch a partition, or SCALE_PARTITIONS mixed ones; SCALE_BATCH each.
+            batch_size=SCALE_BATCH,
+            metadata_max_age_ms=300_000 if hinted else None,
+        ) as producer:
+            for n in range(warm_requests):
+                producer.send_batch(
+                    warm_topic, [Message(VALUE, key=f"w{i}-{n}-{j}") for j in range(SCALE_BATCH)]
+                )
+            # Reads the measured topic's partition count before the clock starts.
+            got.append(placed(producer.send(topic, VALUE, key=f"p{i}-first")))
+            keys = [balanced_keys(f"p{i}-{r}-") for r in range(rounds)]
+            barrier.wait()
+            for r in range(rounds):
+                futures = [producer.send_async(topic, VALUE, key=key) for key in keys[r]]
+                producer.flush()
+                got.extend(placed(f.result()) for f in futures)
+        return got
 
     def work(i: int) -> None:
         payload = body(SCALE_BATCH, f"p{i}-")
-        path = f"partitions/{i % SCALE_PARTITIONS}/messages" if by_partition else "messages"
+        path = (
+            f"partitions/{i % SCALE_PARTITIONS}/messages" if route == BY_PARTITION else "messages"
+        )
         got: list[tuple[int, int]] = []
         try:
+            if through_client:
+                got = keyed_client(i, urls[i % len(urls)])
+                return
             with httpx.Client(
                 base_url=urls[i % len(urls)], headers=headers, timeout=60, verify=verify
             ) as client:
@@ -618,6 +703,9 @@ def produce_spread(
                         failures.append(f"{response.status_code} {response.text[:300]}")
                         return
                     got.extend((r["partition"], r["offset"]) for r in response.json()["results"])
+        except Exception as exc:
+            failures.append(repr(exc))
+            raise
         finally:
             with lock:
                 for partition, offset in got:
@@ -628,7 +716,7 @@ def produce_spread(
     for t in threads:
         t.start()
     barrier.wait()
-    with meter.measure(requests * producers * SCALE_BATCH) as counted:
+    with meter.measure((per_producer or requests * SCALE_BATCH) * producers) as counted:
         for t in threads:
             t.join()
     if failures:
@@ -887,14 +975,23 @@ class Scale:
     idle_cpu: float  # CPU seconds per second of the Daphne processes, summed, doing nothing
     # The same producers again, each request to one partition's URL (--by-partition).
     by_partition: Counted | None = None
+    # Again, through ferry_client: hints off, then a batch a partition with its hint (--by-key).
+    client: Counted | None = None
+    by_key: Counted | None = None
 
 
 # The scale-out's phases in the report: (label, Scale attribute).
-SCALE_PHASES = (("produce", "produce"), ("produce/p", "by_partition"), ("consume", "consume"))
+SCALE_PHASES = (
+    ("produce", "produce"),
+    ("produce/p", "by_partition"),
+    ("produce/c", "client"),
+    ("produce/k", "by_key"),
+    ("consume", "consume"),
+)
 
 
 def scale_phases(scale: list["Scale"]) -> list[tuple[str, str]]:
-    """The phases the runs measured (produce/p only with --by-partition)."""
+    """The phases the runs measured (produce/p with --by-partition, /c and /k with --by-key)."""
     return [(label, name) for label, name in SCALE_PHASES if getattr(scale[0], name) is not None]
 
 
@@ -916,8 +1013,15 @@ def scale_out(
     for phase, n in enumerate(args.processes):
         stamp = f"{os.getpid()}-{phase}-{n}"  # a count may come back (--processes 1,4,1)
         topic, warm = f"bench-pg-scale-{stamp}", f"bench-pg-scale-warm-{stamp}"
-        placed = f"bench-pg-scale-p-{stamp}"  # the produce by partition's
-        for name in (topic, warm, placed) if args.by_partition else (topic, warm):
+        # Each produce's topic: the keys spread, then each request to one partition's URL
+        # (--by-partition), then through ferry_client, without and with hints (--by-key).
+        routes = {SPREAD: topic}
+        if args.by_partition:
+            routes[BY_PARTITION] = f"bench-pg-scale-p-{stamp}"
+        if args.by_key:
+            routes[CLIENT] = f"bench-pg-scale-c-{stamp}"
+            routes[BY_KEY] = f"bench-pg-scale-k-{stamp}"
+        for name in (*routes.values(), warm):
             topics.create_topic(keys.CONSOLE, name, SCALE_PARTITIONS)
         connections.close_all()
         procs: list[subprocess.Popen[bytes]] = []
@@ -950,13 +1054,12 @@ def scale_out(
                 f"scale-out x{n}: {args.producers} producers, {requests} requests each "
                 f"after {args.warm} to warm up"
             )
-            # The producers' requests to each topic, its offsets checked: the keys spread,
-            # then (--by-partition) each request to one partition's URL.
-            produced: dict[bool, Counted] = {}
-            for by_partition, to in ((False, topic), (True, placed))[: 1 + args.by_partition]:
-                if by_partition:
-                    progress(f"scale-out x{n}: the same, each request to one partition's URL")
-                offsets, produced[by_partition] = produce_spread(
+            # The producers' requests to each topic, its offsets checked.
+            produced: dict[str, Counted] = {}
+            for route, to in routes.items():
+                if route != SPREAD:
+                    progress(f"scale-out x{n}: the same, {ROUTE_LABELS[route]}")
+                offsets, produced[route] = produce_spread(
                     urls,
                     headers,
                     (to, warm),
@@ -965,13 +1068,13 @@ def scale_out(
                     args.producers,
                     args.warm,
                     verify,
-                    by_partition,
+                    route,
                 )
                 with httpx.Client(
                     base_url=urls[0], headers=headers, timeout=60, verify=verify
                 ) as client:
                     check_contiguous(client, to, offsets)
-                progress(f"  {produced[by_partition].rate:,.0f} msgs/s; offsets contiguous")
+                progress(f"  {produced[route].rate:,.0f} msgs/s; offsets contiguous")
             analyze(url)
             progress(f"scale-out x{n}: {CONSUMERS} consumers, prefetch {SCALE_PREFETCH}")
             with meter.measure(total) as consumed:
@@ -988,7 +1091,17 @@ def scale_out(
                     )
                 )
             progress(f"  {consumed.rate:,.0f} msgs/s; each message once")
-            results.append(Scale(n, produced[False], consumed, idle, produced.get(True)))
+            results.append(
+                Scale(
+                    n,
+                    produced[SPREAD],
+                    consumed,
+                    idle,
+                    produced.get(BY_PARTITION),
+                    produced.get(CLIENT),
+                    produced.get(BY_KEY),
+                )
+            )
         finally:
             subprocess.run([str(ROOT / "scripts/haproxy"), "stop", str(balancer_dir)], check=False)
             for proc in procs:
@@ -1218,6 +1331,14 @@ def report(
                 f"{SCALE_PARTITIONS}'s URL (POST …/partitions/{{p}}/messages), which "
                 "scripts/haproxy sends to one process a partition"
             )
+        if scale[0].by_key is not None:
+            lines.append(
+                "  produce/c, produce/k: the same keyed messages through ferry_client's Producer "
+                f"(an id each), {SCALE_PARTITIONS * SCALE_BATCH} queued with send_async then "
+                f"flushed as {SCALE_PARTITIONS} requests: /c with hints off, each request mixing "
+                "the partitions; /k a request a partition with the Ferry-Partition-Hint header "
+                "that scripts/haproxy routes by"
+            )
         lines.append(
             f"  host busy: the machine's CPU in use, all processes, of its {CORES} cores "
             "(/proc/stat): near 100 % the processes share what is left, and a process's CPU "
@@ -1333,6 +1454,15 @@ def main() -> int:
         help="scale-out: produce a second time, producer i sending each request to partition "
         "i %% 4's URL, which HAProxy sends to one process a partition (default); "
         "--no-by-partition: only the keys spread over the partitions",
+    )
+    parser.add_argument(
+        "--by-key",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="scale-out: produce twice more through ferry_client's Producer, keyed "
+        "send_async: hints off (produce/c), then a batch a partition with the "
+        "Ferry-Partition-Hint header that HAProxy routes by (produce/k) (default); "
+        "--no-by-key: neither",
     )
     parser.add_argument(
         "--statements",
