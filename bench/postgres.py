@@ -49,7 +49,7 @@ DATABASE_URL); not part of the test suite (STYLE.md §6). One process, one machi
      (produce/p; --no-by-partition: not), and twice through ferry_client's Producer, keyed
      send_async flushed every 4 requests' worth as 4 requests: hints off, each request mixing
      the partitions (produce/c), and a request a partition with the Ferry-Partition-Hint
-     header that HAProxy routes by (produce/k) (--no-by-key: neither);
+     header that HAProxy routes by (produce/k) (with --by-key);
    - consume: 4 WebSocket consumers in one clustering group (prefetch 200, an ack frame per 100
      messages) take every message exactly once;
    - msgs/s and the ratio to one process; CPU per 1,000 messages of the Daphne processes
@@ -68,7 +68,7 @@ DATABASE_URL); not part of the test suite (STYLE.md §6). One process, one machi
 
     scripts/with-postgres .venv/bin/python bench/postgres.py [--scale 0.2] [--only ...]
         [--processes 1,2,4] [--producers 16] [--warm 1] [--statements] [--no-balancer | --tls]
-        [--no-by-partition] [--no-by-key] [--figures FILE]
+        [--no-by-partition] [--by-key] [--figures FILE]
 """
 
 import argparse
@@ -665,7 +665,7 @@ def produce_spread(
             linger_ms=WAIT_S * 1000,
             # A round: a batch a partition, or SCALE_PARTITIONS mixed ones; SCALE_BATCH each.
             batch_size=SCALE_BATCH,
-            metadata_max_age_ms=300_000 if hinted else None,
+            route_by_partition=hinted,
         ) as producer:
             for n in range(warm_requests):
                 producer.send_batch(
@@ -1458,11 +1458,11 @@ def main() -> int:
     parser.add_argument(
         "--by-key",
         action=argparse.BooleanOptionalAction,
-        default=True,
+        default=False,
         help="scale-out: produce twice more through ferry_client's Producer, keyed "
         "send_async: hints off (produce/c), then a batch a partition with the "
-        "Ferry-Partition-Hint header that HAProxy routes by (produce/k) (default); "
-        "--no-by-key: neither",
+        "Ferry-Partition-Hint header that HAProxy routes by (produce/k) (ferry_client's "
+        "route_by_partition=True); off by default",
     )
     parser.add_argument(
         "--statements",

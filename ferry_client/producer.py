@@ -64,13 +64,13 @@ def new_message(
 class Sender:
     """What both producers share: the request body, its results, and the hooks around it."""
 
-    def __init__(self, hooks: Sequence[SendHooks], metadata_max_age_ms: int | None) -> None:
+    def __init__(
+        self, hooks: Sequence[SendHooks], route_by_partition: bool, metadata_max_age_ms: int
+    ) -> None:
         self.hooks = tuple(hooks)
-        # None: no routing hints, and no reads of a topic's partition count.
+        # None: no routing hints, no reads of a topic's partition count, a batch per topic.
         self.partitions = (
-            partitioner.Partitions(metadata_max_age_ms / 1000)
-            if metadata_max_age_ms is not None
-            else None
+            partitioner.Partitions(metadata_max_age_ms / 1000) if route_by_partition else None
         )
 
     def lane(self, topic: str, message: Message) -> batching.Lane:
@@ -189,9 +189,10 @@ class Producer(transport.Closing):
     one is retried on the next. Connection errors, timeouts and 5xx answers are retried up to
     `retries` times with backoff; a 4xx raises FerryError at once.
 
-    A keyed request whose messages share a partition names it in a header that a load balancer
-    routes by; the topic's partition count for that is read once every `metadata_max_age_ms`
-    (None: never, and no header). See docs/client.md#partitions.
+    `route_by_partition=True`: send_async batches per partition, and a keyed request whose
+    messages share a partition names it in a header that a load balancer routes by; the
+    topic's partition count for that is read once every `metadata_max_age_ms`. See
+    docs/client.md#partitions.
     """
 
     def __init__(
@@ -208,7 +209,8 @@ class Producer(transport.Closing):
         hooks: Sequence[SendHooks] = (),
         http_transport: httpx.BaseTransport | None = None,
         verify: transport.Verify = True,
-        metadata_max_age_ms: int | None = partitioner.DEFAULT_METADATA_MAX_AGE_MS,
+        route_by_partition: bool = False,
+        metadata_max_age_ms: int = partitioner.DEFAULT_METADATA_MAX_AGE_MS,
     ) -> None:
         self._transport = transport.Transport(
             urls,
@@ -218,7 +220,7 @@ class Producer(transport.Closing):
             http_transport=http_transport,
             verify=verify,
         )
-        self._sender = Sender(hooks, metadata_max_age_ms)
+        self._sender = Sender(hooks, route_by_partition, metadata_max_age_ms)
         self._batcher: batching.Batcher[tuple[Message, concurrent.futures.Future[SendResult]]]
         self._batcher = batching.Batcher(linger_ms / 1000, batch_size)
         self._cond = threading.Condition()

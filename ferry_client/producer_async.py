@@ -36,7 +36,8 @@ class AsyncProducer:
         hooks: Sequence[SendHooks] = (),
         http_transport: httpx.AsyncBaseTransport | None = None,
         verify: transport.Verify = True,
-        metadata_max_age_ms: int | None = partitioner.DEFAULT_METADATA_MAX_AGE_MS,
+        route_by_partition: bool = False,
+        metadata_max_age_ms: int = partitioner.DEFAULT_METADATA_MAX_AGE_MS,
     ) -> None:
         self._transport = transport.AsyncTransport(
             urls,
@@ -46,7 +47,7 @@ class AsyncProducer:
             http_transport=http_transport,
             verify=verify,
         )
-        self._sender = producer.Sender(hooks, metadata_max_age_ms)
+        self._sender = producer.Sender(hooks, route_by_partition, metadata_max_age_ms)
         self._batcher: batching.Batcher[tuple[Message, asyncio.Future[SendResult]]]
         self._batcher = batching.Batcher(linger_ms / 1000, batch_size)
         # Made on first use, inside the loop that uses them.

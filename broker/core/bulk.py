@@ -366,9 +366,9 @@ def _qmark(sql: str) -> str:
     return str(FORMAT_QMARK_REGEX.sub("?", sql)).replace("%%", "%")
 
 
-def id_array(ids: list[int]) -> Any:
-    """A list of ids as one parameter, for a statement that tests "= ANY(%s)" (for_ids): on
-    SQLite its text as JSON."""
+def id_array(ids: Sequence[int] | Sequence[str]) -> Any:
+    """A list of ids (numbers or strings) as one parameter, for a statement that tests
+    "= ANY(%s)" (for_ids): on SQLite its text as JSON."""
     return orjson.dumps(ids).decode() if vendor() == "sqlite" else ids
 
 
@@ -395,7 +395,7 @@ def insert_rows(table: str, columns: Sequence[str], rows: Sequence[tuple[object,
     if vendor() == "postgresql":
         if len(rows) < PG_COPY_MIN_ROWS:
             defer(
-                _pg_insert(table, tuple(columns), len(rows)),
+                insert_sql(table, tuple(columns), len(rows)),
                 [v for r in rows for v in r],
                 table=table,
             )
@@ -424,9 +424,9 @@ def insert_rows(table: str, columns: Sequence[str], rows: Sequence[tuple[object,
 
 
 @functools.cache
-def _pg_insert(table: str, columns: tuple[str, ...], row_count: int) -> str:
+def insert_sql(table: str, columns: tuple[str, ...], row_count: int) -> str:
     """A multi-row INSERT in psycopg's "%s" style (bound and, once repeated, prepared by the
-    server)."""
+    server; run() rewrites the placeholders for SQLite)."""
     row = "(" + ", ".join(["%s"] * len(columns)) + ")"
     # table and columns are the callers' constants, never input.
     return f"INSERT INTO {table} ({_quoted(columns)}) VALUES " + ", ".join([row] * row_count)  # noqa: S608

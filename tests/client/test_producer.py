@@ -71,6 +71,7 @@ class FakeBroker:
 
 def producer(broker, **options):
     options.setdefault("backoff_ms", 1)
+    options.setdefault("route_by_partition", True)
     return Producer(URL, "key", http_transport=httpx.MockTransport(broker), **options)
 
 
@@ -173,9 +174,9 @@ def test_send__an_unreadable_count_sends_without_hint_and_tries_later():
     assert len(fresh.reads) == 1
 
 
-def test_send__no_hints_and_no_reads_when_turned_off():
+def test_send__no_hints_and_no_reads_by_default():
     broker = FakeBroker(partitions=4)
-    with producer(broker, metadata_max_age_ms=None) as p:
+    with Producer(URL, "key", http_transport=httpx.MockTransport(broker)) as p:
         p.send("t", 1, key="a")
         p.send_async("t", 2, key="a").result()
     assert broker.hints == [None, None]
@@ -312,6 +313,7 @@ async def test_async_producer__send_async_lingers_and_close_flushes():
         linger_ms=10_000,
         backoff_ms=1,
         hooks=[hooks],
+        route_by_partition=True,
     ) as p:
         first = await p.send("t", "now", key="k")
         queued = [p.send_async("t", i) for i in range(3)]
