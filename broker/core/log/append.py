@@ -255,7 +255,7 @@ def _append_in_transaction(topic: models.Topic, plan: list[_Planned]) -> list[Ap
     return [r for r in results if r is not None]
 
 
-# Raw SQL, as the messages' insert: through the ORM a batch's ids cost the broker 2.6 times
+# Raw SQL, as the messages' insert: through the ORM a batch's ids cost the broker 2.3 times
 # the CPU of the batch without them (docs/benchmarks.md, session 41).
 KNOWN_IDS = (
     'SELECT client_id, partition_number, "offset" FROM broker_producedid '

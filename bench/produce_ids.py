@@ -1,0 +1,179 @@
+"""What a message's client id costs a produce: the same requests with and without an id each.
+
+Not part of the test suite (STYLE.md §6), nor of `make bench`: a measurement for
+docs/benchmarks.md (session 41). `ferry_client` gives every message an id (its retries then
+store a message once), so this is what a producer through the client pays. One process:
+
+1. starts Daphne on 127.0.0.1 (background jobs off) on the database the environment names
+   (DATABASE_URL, or a temporary embedded SQLite);
+2. ROUNDS times, alternating: 16 threads post the same keyed 256-byte messages in requests of
+   100 to a new 4-partition topic, without ids, then with an id each (a new uuid4);
+3. prints each round's msgs/s and the CPU per 1,000 messages of Daphne and, on PostgreSQL, of
+   the postmaster with its children (its backends), then the medians; stops Daphne by its PID.
+
+--fk-checks-off (PostgreSQL, a throwaway server only: `scripts/with-postgres` starts one)
+alternates every round with and without the foreign keys' checks on broker_message and
+broker_producedid (ALTER TABLE ... DISABLE TRIGGER ALL), to weigh them; they are on again at
+the end.
+
+    scripts/with-postgres .venv/bin/python bench/produce_ids.py [--rounds 4] [--fk-checks-off]
+"""
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+import orjson
+from produce_fetch import (
+    VALUE,
+    command_line,
+    database_description,
+    free_port,
+    setup_django,
+    start_daphne,
+    stop_daphne,
+    wait_healthy,
+)
+
+PRODUCERS, REQUESTS, BATCH, PARTITIONS = 16, 30, 100, 4
+TICKS = os.sysconf("SC_CLK_TCK")
+CHECKED_TABLES = ("broker_message", "broker_producedid")
+
+
+def cpu_s(pid: int, tree: bool = False) -> float:
+    """A process's CPU seconds; tree: with its live children's and its ended ones' (the
+    postmaster's backends)."""
+    total = ticks(pid, with_ended=tree)
+    if tree:
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        total += sum(ticks(int(child)) for child in children)
+    return total / TICKS
+
+
+def ticks(pid: int, with_ended: bool = False) -> int:
+    """utime + stime (and cutime + cstime, the waited-for children's) from /proc/<pid>/stat."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except FileNotFoundError:
+        return 0  # a backend that ended meanwhile: its time is in the postmaster's
+    return sum(int(v) for v in fields[11 : 15 if with_ended else 13])
+
+
+def postmaster_pid() -> int | None:
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        return None
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT setting FROM pg_settings WHERE name = 'data_directory'")
+        (data_dir,) = cursor.fetchone()
+    connection.close()
+    return int(Path(data_dir, "postmaster.pid").read_text().split()[0])
+
+
+def fk_checks(on: bool) -> None:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        for table in CHECKED_TABLES:
+            cursor.execute(f"ALTER TABLE {table} {'ENABLE' if on else 'DISABLE'} TRIGGER ALL")
+    connection.close()
+
+
+def produce_round(url: str, headers: dict[str, str], topic: str, ids: bool) -> float:
+    """The round's seconds: PRODUCERS threads, REQUESTS requests of BATCH messages each."""
+
+    def message(i: int, j: int) -> dict[str, object]:
+        return {"key": f"p{i}-{j}", "value": VALUE, **({"id": str(uuid.uuid4())} if ids else {})}
+
+    bodies = [
+        [orjson.dumps({"messages": [message(i, j) for j in range(BATCH)]}) for _ in range(REQUESTS)]
+        for i in range(PRODUCERS)
+    ]
+
+    def work(i: int) -> None:
+        with httpx.Client(base_url=url, headers=headers, timeout=60) as client:
+            for body in bodies[i]:
+                client.post(f"/api/v1/topics/{topic}/messages", content=body).raise_for_status()
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(PRODUCERS)]
+    started = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return time.perf_counter() - started
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--rounds", type=int, default=4, help="pairs of rounds (default 4)")
+    parser.add_argument(
+        "--fk-checks-off",
+        action="store_true",
+        help="also alternate with the foreign keys' checks off (a throwaway PostgreSQL only)",
+    )
+    args = parser.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="ferry-bench-ids-"))
+    setup_django(tmp)
+    from broker.core import keys
+
+    postmaster = postmaster_pid()
+    if args.fk_checks_off and postmaster is None:
+        sys.exit("--fk-checks-off needs PostgreSQL (scripts/with-postgres)")
+    _, secret = keys.create_api_key(
+        keys.CONSOLE, f"bench-ids-{os.getpid()}", [keys.parse_permission("admin:*")]
+    )
+    headers = {"Authorization": f"Bearer {secret}", "Content-Type": "application/json"}
+    checks = (True, False) if args.fk_checks_off else (True,)
+    kinds = [(ids, fk) for fk in checks for ids in (False, True)]
+    results: dict[tuple[bool, bool], list[tuple[float, float, float]]] = {k: [] for k in kinds}
+    port, log_path = free_port(), tmp / "daphne.log"
+    proc = start_daphne(port, log_path)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, proc, log_path)
+        count = PRODUCERS * REQUESTS * BATCH
+        for round_ in range(args.rounds):
+            for ids, fk in kinds:
+                if args.fk_checks_off:
+                    fk_checks(fk)
+                topic = f"bench-ids-{os.getpid()}-{round_}-{ids:d}{fk:d}"
+                httpx.post(
+                    f"{url}/api/v1/topics",
+                    json={"name": topic, "partitions": PARTITIONS},
+                    headers=headers,
+                ).raise_for_status()
+                broker, pg = cpu_s(proc.pid), cpu_s(postmaster, True) if postmaster else 0.0
+                seconds = produce_round(url, headers, topic, ids)
+                broker = (cpu_s(proc.pid) - broker) / count * 1000
+                pg = (cpu_s(postmaster, True) - pg) / count * 1000 if postmaster else 0.0
+                results[(ids, fk)].append((count / seconds, broker, pg))
+                print(
+                    f"[bench] ids {'on ' if ids else 'off'} fk checks {'on ' if fk else 'off'}"
+                    f"  {count / seconds:>8,.0f} msgs/s  broker {broker:.4f}  PG {pg:.4f} s/1k",
+                    flush=True,
+                )
+    finally:
+        if args.fk_checks_off:
+            fk_checks(True)
+        stop_daphne(proc)
+    print(f"\n  command  : {command_line()}\n  database : {database_description()}")
+    print(f"  {PRODUCERS} threads x {REQUESTS} requests x {BATCH} keyed 256-byte messages")
+    print("  medians of", args.rounds, "rounds      msgs/s  broker CPU s/1k  PG CPU s/1k")
+    for ids, fk in kinds:
+        rate, broker, pg = (statistics.median(r[i] for r in results[(ids, fk)]) for i in range(3))
+        label = f"ids {'on' if ids else 'off'}, fk checks {'on' if fk else 'off'}"
+        print(f"  {label:<27}{rate:>9,.0f}{broker:>17.4f}{pg:>13.4f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
