@@ -182,8 +182,9 @@ class Producer(transport.Closing):
 
     `send` and `send_batch` return once the broker has committed the messages. `send_async`
     returns a future at once; a linger thread sends such messages in batches of up to
-    `batch_size` per partition, waiting at most `linger_ms` for a batch to fill. `close()` (or the
-    `with` block's end) sends what still waits.
+    `batch_size` per topic (per partition with `route_by_partition`), waiting at most
+    `linger_ms` for a batch to fill. `close()` (or the `with` block's end) sends what still
+    waits.
 
     `urls` is one broker URL or several (a list, or comma-separated): a request that fails on
     one is retried on the next. Connection errors, timeouts and 5xx answers are retried up to
@@ -339,7 +340,8 @@ class Producer(transport.Closing):
         return self._transport.run(self._sender.exchange(topic, messages))
 
     def _linger(self) -> None:
-        """The linger thread: sends due batches one at a time, so a partition's order holds."""
+        """The linger thread: sends due batches one at a time, so a topic's order holds (a
+        partition's, with route_by_partition)."""
         while True:
             with self._cond:
                 while True:

@@ -170,7 +170,8 @@ class AsyncProducer:
         return await self._transport.run(self._sender.exchange(topic, messages))
 
     async def _linger(self) -> None:
-        """The linger task: sends due batches one at a time, so a partition's order holds."""
+        """The linger task: sends due batches one at a time, so a topic's order holds (a
+        partition's, with route_by_partition)."""
         loop = asyncio.get_running_loop()
         wake, progress = self._events()
         while True:

@@ -180,7 +180,8 @@ def test_a_partitions_produces_go_to_one_process__and_to_another_when_it_is_down
                 assert all(len(each) == 1 for each in picked), picked
                 assert len({each.pop() for each in picked}) == 4
             # A keyed produce to the topic's URL naming its partition in the hint header
-            # (ferry_client, docs/client.md#partitions) goes to that partition's process.
+            # (ferry_client's route_by_partition, docs/client.md#partitions) goes to that
+            # partition's process.
             for p in range(4):
                 hinted = {
                     client.post(

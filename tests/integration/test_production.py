@@ -416,7 +416,8 @@ def test_readme_production__one_address_in_front_of_both_processes(deployment):
         # Producers send through the address all along, while a process stops under them: one
         # to the topic's URL, two to a partition's (HAProxy's daphne_partition backend, which
         # moves the stopped process's partition to the other), and one keyed to the topic's
-        # URL with its partition in the hint header, as ferry_client sends (the same backend).
+        # URL with its partition in the hint header, as ferry_client's route_by_partition sends
+        # (the same backend).
         answers: list[tuple[int, str]] = []  # status, and the message's value or the error
         sending = threading.Event()
         sending.set()
