@@ -11,12 +11,13 @@ store a message once), so this is what a producer through the client pays. One p
 3. prints each round's msgs/s and the CPU per 1,000 messages of Daphne and, on PostgreSQL, of
    the postmaster with its children (its backends), then the medians; stops Daphne by its PID.
 
---fk-checks-off (PostgreSQL, a throwaway server only: `scripts/with-postgres` starts one)
-alternates every round with and without the foreign keys' checks on broker_message and
-broker_producedid (ALTER TABLE ... DISABLE TRIGGER ALL), to weigh them; they are on again at
-the end.
+--triggers-off (PostgreSQL, a throwaway server only: `scripts/with-postgres` starts one)
+alternates every round with and without the triggers of broker_message and broker_producedid
+(ALTER TABLE ... DISABLE TRIGGER ALL), to weigh their foreign keys' checks; they are on again
+at the end. Before migration 0011 broker_producedid's check of its topic was one of them;
+since, neither table has one on PostgreSQL (ADR 0017).
 
-    scripts/with-postgres .venv/bin/python bench/produce_ids.py [--rounds 4] [--fk-checks-off]
+    scripts/with-postgres .venv/bin/python bench/produce_ids.py [--rounds 4] [--triggers-off]
 """
 
 import argparse
@@ -78,7 +79,7 @@ def postmaster_pid() -> int | None:
     return int(Path(data_dir, "postmaster.pid").read_text().split()[0])
 
 
-def fk_checks(on: bool) -> None:
+def triggers(on: bool) -> None:
     from django.db import connection
 
     with connection.cursor() as cursor:
@@ -116,9 +117,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--rounds", type=int, default=4, help="pairs of rounds (default 4)")
     parser.add_argument(
-        "--fk-checks-off",
+        "--triggers-off",
         action="store_true",
-        help="also alternate with the foreign keys' checks off (a throwaway PostgreSQL only)",
+        help="also alternate with the tables' triggers off (a throwaway PostgreSQL only)",
     )
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="ferry-bench-ids-"))
@@ -126,14 +127,14 @@ def main() -> int:
     from broker.core import keys
 
     postmaster = postmaster_pid()
-    if args.fk_checks_off and postmaster is None:
-        sys.exit("--fk-checks-off needs PostgreSQL (scripts/with-postgres)")
+    if args.triggers_off and postmaster is None:
+        sys.exit("--triggers-off needs PostgreSQL (scripts/with-postgres)")
     _, secret = keys.create_api_key(
         keys.CONSOLE, f"bench-ids-{os.getpid()}", [keys.parse_permission("admin:*")]
     )
     headers = {"Authorization": f"Bearer {secret}", "Content-Type": "application/json"}
-    checks = (True, False) if args.fk_checks_off else (True,)
-    kinds = [(ids, fk) for fk in checks for ids in (False, True)]
+    states = (True, False) if args.triggers_off else (True,)
+    kinds = [(ids, enabled) for enabled in states for ids in (False, True)]
     results: dict[tuple[bool, bool], list[tuple[float, float, float]]] = {k: [] for k in kinds}
     port, log_path = free_port(), tmp / "daphne.log"
     proc = start_daphne(port, log_path)
@@ -142,10 +143,10 @@ def main() -> int:
         wait_healthy(url, proc, log_path)
         count = PRODUCERS * REQUESTS * BATCH
         for round_ in range(args.rounds):
-            for ids, fk in kinds:
-                if args.fk_checks_off:
-                    fk_checks(fk)
-                topic = f"bench-ids-{os.getpid()}-{round_}-{ids:d}{fk:d}"
+            for ids, enabled in kinds:
+                if args.triggers_off:
+                    triggers(enabled)
+                topic = f"bench-ids-{os.getpid()}-{round_}-{ids:d}{enabled:d}"
                 httpx.post(
                     f"{url}/api/v1/topics",
                     json={"name": topic, "partitions": PARTITIONS},
@@ -155,22 +156,24 @@ def main() -> int:
                 seconds = produce_round(url, headers, topic, ids)
                 broker = (cpu_s(proc.pid) - broker) / count * 1000
                 pg = (cpu_s(postmaster, True) - pg) / count * 1000 if postmaster else 0.0
-                results[(ids, fk)].append((count / seconds, broker, pg))
+                results[(ids, enabled)].append((count / seconds, broker, pg))
                 print(
-                    f"[bench] ids {'on ' if ids else 'off'} fk checks {'on ' if fk else 'off'}"
+                    f"[bench] ids {'on ' if ids else 'off'} triggers {'on ' if enabled else 'off'}"
                     f"  {count / seconds:>8,.0f} msgs/s  broker {broker:.4f}  PG {pg:.4f} s/1k",
                     flush=True,
                 )
     finally:
-        if args.fk_checks_off:
-            fk_checks(True)
+        if args.triggers_off:
+            triggers(True)
         stop_daphne(proc)
     print(f"\n  command  : {command_line()}\n  database : {database_description()}")
     print(f"  {PRODUCERS} threads x {REQUESTS} requests x {BATCH} keyed 256-byte messages")
     print("  medians of", args.rounds, "rounds      msgs/s  broker CPU s/1k  PG CPU s/1k")
-    for ids, fk in kinds:
-        rate, broker, pg = (statistics.median(r[i] for r in results[(ids, fk)]) for i in range(3))
-        label = f"ids {'on' if ids else 'off'}, fk checks {'on' if fk else 'off'}"
+    for ids, enabled in kinds:
+        rate, broker, pg = (
+            statistics.median(r[i] for r in results[(ids, enabled)]) for i in range(3)
+        )
+        label = f"ids {'on' if ids else 'off'}, triggers {'on' if enabled else 'off'}"
         print(f"  {label:<27}{rate:>9,.0f}{broker:>17.4f}{pg:>13.4f}")
     return 0
 

@@ -71,3 +71,17 @@ def test_message_rows_carry_no_foreign_key_check():
         referencing = {table for (table,) in cursor.fetchall()}
     assert "broker_message" not in referencing
     assert {"broker_inflight", "broker_groupoffset", "broker_partitionlease"} <= referencing
+
+
+@pytest.mark.skipif("connection.vendor != 'postgresql'")
+def test_produced_ids_carry_no_foreign_key_check():
+    """ADR 0017 (session 41): every client id of every produce paid a check of its topic at
+    commit; the other tables that name a topic keep theirs."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT conrelid::regclass::text FROM pg_constraint WHERE contype = 'f' "
+            "AND confrelid = 'broker_topic'::regclass"
+        )
+        referencing = {table for (table,) in cursor.fetchall()}
+    assert "broker_producedid" not in referencing
+    assert {"broker_partition", "broker_scheduledmessage"} <= referencing
