@@ -7,33 +7,8 @@ an in-process index lookup.
 """
 
 from django.db import migrations, models
-from django.db.backends.base.schema import BaseDatabaseSchemaEditor
-from django.db.migrations.state import StateApps
 
-CONSTRAINTS = (
-    "SELECT conname FROM pg_constraint WHERE contype = 'f' "
-    "AND conrelid = 'broker_message'::regclass AND confrelid = 'broker_partition'::regclass"
-)
-RESTORED = "broker_message_partition_id_fk_broker_partition_id"
-
-
-def drop_foreign_key(apps: StateApps, schema_editor: BaseDatabaseSchemaEditor) -> None:
-    if schema_editor.connection.vendor != "postgresql":
-        return
-    with schema_editor.connection.cursor() as cursor:
-        cursor.execute(CONSTRAINTS)
-        names = [name for (name,) in cursor.fetchall()]
-    for name in names:
-        schema_editor.execute(f'ALTER TABLE broker_message DROP CONSTRAINT "{name}"')
-
-
-def restore_foreign_key(apps: StateApps, schema_editor: BaseDatabaseSchemaEditor) -> None:
-    if schema_editor.connection.vendor != "postgresql":
-        return
-    schema_editor.execute(
-        f"ALTER TABLE broker_message ADD CONSTRAINT {RESTORED} FOREIGN KEY (partition_id) "
-        "REFERENCES broker_partition (id) DEFERRABLE INITIALLY DEFERRED"
-    )
+from broker.migrations._foreign_keys import dropper, restorer
 
 
 class Migration(migrations.Migration):
@@ -54,6 +29,11 @@ class Migration(migrations.Migration):
                     ),
                 )
             ],
-            database_operations=[migrations.RunPython(drop_foreign_key, restore_foreign_key)],
+            database_operations=[
+                migrations.RunPython(
+                    dropper("broker_message", "broker_partition"),
+                    restorer("broker_message", "partition_id", "broker_partition"),
+                )
+            ],
         ),
     ]

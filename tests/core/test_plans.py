@@ -59,29 +59,30 @@ def test_fetch_by_name_of_a_partition_newer_than_the_statistics_uses_the_offset_
     assert "message_partition_ts_idx" not in found, found
 
 
+def referencing(table: str) -> set[str]:
+    """The tables with a foreign key (a check at commit) to table."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT conrelid::regclass::text FROM pg_constraint WHERE contype = 'f' "
+            "AND confrelid = %s::regclass",
+            [table],
+        )
+        return {name for (name,) in cursor.fetchall()}
+
+
 @pytest.mark.skipif("connection.vendor != 'postgresql'")
 def test_message_rows_carry_no_foreign_key_check():
     """ADR 0017: PostgreSQL checked the partition of every message row at its commit; the
     other tables keep theirs."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT conrelid::regclass::text FROM pg_constraint WHERE contype = 'f' "
-            "AND confrelid = 'broker_partition'::regclass"
-        )
-        referencing = {table for (table,) in cursor.fetchall()}
-    assert "broker_message" not in referencing
-    assert {"broker_inflight", "broker_groupoffset", "broker_partitionlease"} <= referencing
+    checked = referencing("broker_partition")
+    assert "broker_message" not in checked
+    assert {"broker_inflight", "broker_groupoffset", "broker_partitionlease"} <= checked
 
 
 @pytest.mark.skipif("connection.vendor != 'postgresql'")
 def test_produced_ids_carry_no_foreign_key_check():
     """ADR 0017 (session 41): every client id of every produce paid a check of its topic at
     commit; the other tables that name a topic keep theirs."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT conrelid::regclass::text FROM pg_constraint WHERE contype = 'f' "
-            "AND confrelid = 'broker_topic'::regclass"
-        )
-        referencing = {table for (table,) in cursor.fetchall()}
-    assert "broker_producedid" not in referencing
-    assert {"broker_partition", "broker_scheduledmessage"} <= referencing
+    checked = referencing("broker_topic")
+    assert "broker_producedid" not in checked
+    assert {"broker_partition", "broker_scheduledmessage"} <= checked
