@@ -7,7 +7,9 @@ store a message once), so this is what a producer through the client pays. One p
 1. starts Daphne on 127.0.0.1 (background jobs off) on the database the environment names
    (DATABASE_URL, or a temporary embedded SQLite);
 2. ROUNDS times, alternating: 16 threads post the same keyed 256-byte messages in requests of
-   100 to a new 4-partition topic, without ids, then with an id each (a new uuid4);
+   100 to a new 4-partition topic, without ids, then with an id each: ferry_client's (the
+   time, then random bits), or with --ids uuid4 a random uuid4 (the client's before session
+   41);
 3. prints each round's msgs/s and the CPU per 1,000 messages of Daphne and, on PostgreSQL, of
    the postmaster with its children (its backends), then the medians; stops Daphne by its PID.
 
@@ -18,6 +20,7 @@ at the end. Before migration 0011 broker_producedid's check of its topic was one
 since, neither table has one on PostgreSQL (ADR 0017).
 
     scripts/with-postgres .venv/bin/python bench/produce_ids.py [--rounds 4] [--triggers-off]
+        [--ids client|uuid4]
 """
 
 import argparse
@@ -28,6 +31,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -88,11 +92,23 @@ def triggers(on: bool) -> None:
     connection.close()
 
 
-def produce_round(url: str, headers: dict[str, str], topic: str, ids: bool) -> float:
+def client_id() -> str:
+    """ferry_client's id for a message (records.new_id)."""
+    from ferry_client.records import new_id  # importable once setup_django put ROOT on the path
+
+    return new_id()
+
+
+ID_MAKERS = {"client": client_id, "uuid4": lambda: uuid.uuid4().hex}
+
+
+def produce_round(
+    url: str, headers: dict[str, str], topic: str, ids: bool, make_id: Callable[[], str]
+) -> float:
     """The round's seconds: PRODUCERS threads, REQUESTS requests of BATCH messages each."""
 
     def message(i: int, j: int) -> dict[str, object]:
-        return {"key": f"p{i}-{j}", "value": VALUE, **({"id": str(uuid.uuid4())} if ids else {})}
+        return {"key": f"p{i}-{j}", "value": VALUE, **({"id": make_id()} if ids else {})}
 
     bodies = [
         [orjson.dumps({"messages": [message(i, j) for j in range(BATCH)]}) for _ in range(REQUESTS)]
@@ -120,6 +136,12 @@ def main() -> int:
         "--triggers-off",
         action="store_true",
         help="also alternate with the tables' triggers off (a throwaway PostgreSQL only)",
+    )
+    parser.add_argument(
+        "--ids",
+        choices=sorted(ID_MAKERS),
+        default="client",
+        help="the ids: ferry_client's (default) or random uuid4s",
     )
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="ferry-bench-ids-"))
@@ -153,7 +175,7 @@ def main() -> int:
                     headers=headers,
                 ).raise_for_status()
                 broker, pg = cpu_s(proc.pid), cpu_s(postmaster, True) if postmaster else 0.0
-                seconds = produce_round(url, headers, topic, ids)
+                seconds = produce_round(url, headers, topic, ids, ID_MAKERS[args.ids])
                 broker = (cpu_s(proc.pid) - broker) / count * 1000
                 pg = (cpu_s(postmaster, True) - pg) / count * 1000 if postmaster else 0.0
                 results[(ids, enabled)].append((count / seconds, broker, pg))

@@ -3,7 +3,7 @@
 import base64
 import os
 import socket
-import uuid
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -13,9 +13,14 @@ Value = Any
 
 
 def new_id() -> str:
-    """A random id: for client message ids (a message sent twice under one id is stored once)
-    and member ids chosen by the client."""
-    return uuid.uuid4().hex
+    """A new id: for client message ids (a message sent twice under one id is stored once)
+    and member ids chosen by the client.
+
+    32 hex digits as a uuid4's, but UUIDv7's order: the time in milliseconds, then 80 random
+    bits. The broker keeps every message id in two indexes for the dedup window; ids that grow
+    with time are added at their end instead of anywhere (docs/benchmarks.md, session 41).
+    """
+    return f"{time.time_ns() // 1_000_000:012x}{os.urandom(10).hex()}"
 
 
 @dataclass(frozen=True)
