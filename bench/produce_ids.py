@@ -11,7 +11,8 @@ store a message once), so this is what a producer through the client pays. One p
    time, then random bits), or with --ids uuid4 a random uuid4 (the client's before session
    41);
 3. prints each round's msgs/s and the CPU per 1,000 messages of Daphne and, on PostgreSQL, of
-   the postmaster with its children (its backends), then the medians; stops Daphne by its PID.
+   the postmaster with its children (its backends), then the medians; stops Daphne by its PID
+   and removes its temporary directory.
 
 --triggers-off (PostgreSQL, a throwaway server only: `scripts/with-postgres` starts one)
 alternates every round with and without the triggers of broker_message and broker_producedid
@@ -25,6 +26,7 @@ since, neither table has one on PostgreSQL (ADR 0017).
 
 import argparse
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -188,6 +190,7 @@ def main() -> int:
         if args.triggers_off:
             triggers(True)
         stop_daphne(proc)
+        shutil.rmtree(tmp, ignore_errors=True)
     print(f"\n  command  : {command_line()}\n  database : {database_description()}")
     print(f"  {PRODUCERS} threads x {REQUESTS} requests x {BATCH} keyed 256-byte messages")
     print("  medians of", args.rounds, "rounds      msgs/s  broker CPU s/1k  PG CPU s/1k")
