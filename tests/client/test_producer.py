@@ -71,8 +71,12 @@ class FakeBroker:
 
 def producer(broker, **options):
     options.setdefault("backoff_ms", 1)
-    options.setdefault("route_by_partition", True)
     return Producer(URL, "key", http_transport=httpx.MockTransport(broker), **options)
+
+
+def routing(broker, **options):
+    """A producer with route_by_partition on (docs/client.md#partitions)."""
+    return producer(broker, route_by_partition=True, **options)
 
 
 def test_send__every_message_gets_an_id_kept_across_retries():
@@ -123,7 +127,7 @@ def test_send__a_keyed_requests_partition_goes_in_a_hint_for_the_balancer():
     messages share a partition names it in Ferry-Partition-Hint, others carry no hint."""
     broker = FakeBroker(partitions=4)
     key = a_key_in_each_partition(4)
-    with producer(broker) as p:
+    with routing(broker) as p:
         results = [p.send("t", 1, key=key[2]), p.send("t", 2, key=key[3])]
         p.send_batch("t", [Message(3, key=key[1]), Message(4, key=key[1])])
         p.send_batch("t", [Message(5, key=key[1]), Message(6, key=key[2])])
@@ -143,7 +147,7 @@ def test_send__a_topic_that_grew_is_read_again_when_an_answer_shows_it():
         for n in range(1000)
         if partitioning.partition_for_key(f"k{n}", 4) != partitioning.partition_for_key(f"k{n}", 8)
     )
-    with producer(broker) as p:
+    with routing(broker) as p:
         p.send("t", 1, key=moved)
         broker.partitions = 8
         stale = p.send("t", 2, key=moved)
@@ -157,7 +161,7 @@ def test_send__a_topic_that_grew_is_read_again_when_an_answer_shows_it():
 
 def test_send__an_unreadable_count_sends_without_hint_and_tries_later():
     broker = FakeBroker(partitions=4)
-    with producer(broker, metadata_max_age_ms=0) as p:
+    with routing(broker, metadata_max_age_ms=0) as p:
         p.send("t", 1, key="a")
         p.send("t", 2, key="a")
         broker.readable = False
@@ -167,7 +171,7 @@ def test_send__an_unreadable_count_sends_without_hint_and_tries_later():
     assert broker.hints == [hint, hint, hint, hint]
     assert len(broker.reads) == 3
     fresh = FakeBroker(partitions=4, readable=False)
-    with producer(fresh) as p:
+    with routing(fresh) as p:
         assert p.send("t", 1, key="a").offset == 0
         p.send("t", 2, key="a")
     assert fresh.hints == [None, None]
@@ -188,7 +192,7 @@ def test_send_async__batches_per_partition_each_with_its_hint():
     messages in the order queued."""
     broker = FakeBroker(partitions=4)
     key = a_key_in_each_partition(4)
-    with producer(broker, linger_ms=60_000, batch_size=1000) as p:
+    with routing(broker, linger_ms=60_000, batch_size=1000) as p:
         p.send("t", "first", key=key[0])  # reads the count
         futures = [p.send_async("t", n, key=key[n % 4]) for n in range(8)]
         futures.append(p.send_async("t", "named", partition=2))
@@ -212,7 +216,7 @@ def test_send_async__batches_per_partition_each_with_its_hint():
 def test_send_async__what_was_queued_before_the_count_was_read_goes_first():
     broker = FakeBroker(partitions=4)
     key = a_key_in_each_partition(4)
-    with producer(broker, linger_ms=60_000, batch_size=2) as p:
+    with routing(broker, linger_ms=60_000, batch_size=2) as p:
         early = p.send_async("t", "queued first", key=key[1])
         p.send("t", "reads the count", key=key[0])
         # A full batch of partition 1: due at once, yet it waits for the older one.
