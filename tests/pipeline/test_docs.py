@@ -2,6 +2,7 @@
 run as they are (STYLE.md §11) against a real broker, in the shared SparkSession."""
 
 import re
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -34,9 +35,12 @@ def docs_broker(broker_url, ferry_key, monkeypatch):
     return broker_url, ferry_key
 
 
-def test_docs__pipeline_examples_run(spark, docs_broker, capsys):
+def test_docs__pipeline_examples_run(spark, docs_broker, capsys, monkeypatch, tmp_path):
     blocks = examples("pipeline.md")
     assert len(blocks) == 4
+    # The streaming example's checkpoint (tempfile.mkdtemp) under this test's directory, which
+    # pytest removes, not in /tmp for good.
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
 
     for block in blocks:
         exec(compile(block, "docs/pipeline.md", "exec"), {})
