@@ -38,9 +38,11 @@ from pathlib import Path
 
 import httpx
 import orjson
+from postgres import postgres_cpu, postmaster_pid
 from produce_fetch import (
     VALUE,
     command_line,
+    cpu_seconds,
     database_description,
     free_port,
     setup_django,
@@ -50,39 +52,7 @@ from produce_fetch import (
 )
 
 PRODUCERS, REQUESTS, BATCH, PARTITIONS = 16, 30, 100, 4
-TICKS = os.sysconf("SC_CLK_TCK")
 CHECKED_TABLES = ("broker_message", "broker_producedid")
-
-
-def cpu_s(pid: int, tree: bool = False) -> float:
-    """A process's CPU seconds; tree: with its live children's and its ended ones' (the
-    postmaster's backends)."""
-    total = ticks(pid, with_ended=tree)
-    if tree:
-        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-        total += sum(ticks(int(child)) for child in children)
-    return total / TICKS
-
-
-def ticks(pid: int, with_ended: bool = False) -> int:
-    """utime + stime (and cutime + cstime, the waited-for children's) from /proc/<pid>/stat."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except FileNotFoundError:
-        return 0  # a backend that ended meanwhile: its time is in the postmaster's
-    return sum(int(v) for v in fields[11 : 15 if with_ended else 13])
-
-
-def postmaster_pid() -> int | None:
-    from django.db import connection
-
-    if connection.vendor != "postgresql":
-        return None
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT setting FROM pg_settings WHERE name = 'data_directory'")
-        (data_dir,) = cursor.fetchone()
-    connection.close()
-    return int(Path(data_dir, "postmaster.pid").read_text().split()[0])
 
 
 def triggers(on: bool) -> None:
@@ -150,7 +120,8 @@ def main() -> int:
     setup_django(tmp)
     from broker.core import keys
 
-    postmaster = postmaster_pid()
+    database_url = os.environ.get("DATABASE_URL", "")
+    postmaster = postmaster_pid(database_url) if database_url.startswith("postgres") else None
     if args.triggers_off and postmaster is None:
         sys.exit("--triggers-off needs PostgreSQL (scripts/with-postgres)")
     _, secret = keys.create_api_key(
@@ -176,10 +147,10 @@ def main() -> int:
                     json={"name": topic, "partitions": PARTITIONS},
                     headers=headers,
                 ).raise_for_status()
-                broker, pg = cpu_s(proc.pid), cpu_s(postmaster, True) if postmaster else 0.0
+                broker, pg = cpu_seconds(proc.pid), postgres_cpu(postmaster) if postmaster else 0.0
                 seconds = produce_round(url, headers, topic, ids, ID_MAKERS[args.ids])
-                broker = (cpu_s(proc.pid) - broker) / count * 1000
-                pg = (cpu_s(postmaster, True) - pg) / count * 1000 if postmaster else 0.0
+                broker = (cpu_seconds(proc.pid) - broker) / count * 1000
+                pg = (postgres_cpu(postmaster) - pg) / count * 1000 if postmaster else 0.0
                 results[(ids, enabled)].append((count / seconds, broker, pg))
                 print(
                     f"[bench] ids {'on ' if ids else 'off'} triggers {'on ' if enabled else 'off'}"
