@@ -107,9 +107,15 @@ class ProducedId(models.Model):
     """A client message id seen on a topic within the dedup window, and where it was stored."""
 
     # No foreign key check on PostgreSQL, as broker_message (ADR 0017): every id of every
-    # produce paid one at commit. The topic's deletion job removes its ids.
+    # produce paid one at commit. The topic's deletion job removes its ids. No index of its
+    # own: producedid_topic_id_uniq leads with it, and with stale statistics PostgreSQL read a
+    # topic's every id through it to find a request's (0012).
     topic = models.ForeignKey(
-        Topic, on_delete=models.CASCADE, related_name="produced_ids", db_constraint=False
+        Topic,
+        on_delete=models.CASCADE,
+        related_name="produced_ids",
+        db_constraint=False,
+        db_index=False,
     )
     client_id = models.CharField(max_length=200)
     partition_number = models.PositiveIntegerField()

@@ -1,8 +1,10 @@
-"""PostgreSQL plans of the hot reads: a delivery's read stays on the (partition, offset) index.
+"""PostgreSQL plans of the hot reads: a delivery's read stays on the (partition, offset) index,
+and a produce's lookup of its client ids on one probe an id.
 
 A partition that grew since the table's last ANALYZE is estimated at about one row, and the
 planner then took the (partition, timestamp) index and filtered every row of the partition:
-a read that cost in proportion to the partition's size (docs/benchmarks.md, PostgreSQL).
+a read that cost in proportion to the partition's size (docs/benchmarks.md, PostgreSQL). A
+topic's ids the same way (session 42).
 """
 
 import orjson
@@ -11,7 +13,7 @@ from django.db import connection
 
 from broker import models
 from broker.core import keys, log, topics
-from broker.core.log import read
+from broker.core.log import append, read
 from broker.core.records import NewMessage
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -57,6 +59,46 @@ def test_fetch_by_name_of_a_partition_newer_than_the_statistics_uses_the_offset_
         found = "\n".join(row[0] for row in cursor.fetchall())
     assert "message_partition_offset_uniq" in found, found
     assert "message_partition_ts_idx" not in found, found
+
+
+def fill_ids(topic: str, count: int) -> int:
+    """Append count messages with a client id each to topic; the topic's id."""
+    topics.create_topic(keys.CONSOLE, topic, 1)
+    for start in range(0, count, 1000):
+        log.append_messages(
+            keys.CONSOLE,
+            topic,
+            [NewMessage(b"1", client_id=f"{topic}-{i}") for i in range(start, start + 1000)],
+        )
+    return models.Topic.objects.get(name=topic).id
+
+
+@pytest.mark.skipif("connection.vendor != 'postgresql'")
+def test_id_lookup_of_a_topic_newer_than_the_statistics_probes_each_id():
+    """Looked up as "client_id = ANY(%s)", the ids of a topic filled after the last ANALYZE
+    were found by reading all of the topic's ids through the unique index's first column."""
+    for name in ("plan.a", "plan.b", "plan.c"):
+        fill_ids(name, 3000)
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE broker_producedid")
+    topic_id = fill_ids("plan.new", 5000)
+    asked = [f"plan.new-{i}" for i in range(4950, 5050)]
+    with connection.cursor() as cursor:
+        cursor.execute("EXPLAIN " + append.KNOWN_IDS_PG, (asked, topic_id))
+        found = "\n".join(row[0] for row in cursor.fetchall())
+    assert "Nested Loop" in found, found
+    assert "Index Scan using producedid_topic_id_uniq" in found, found
+    assert "client_id)::text = c.client_id" in found, found
+    assert append.known_ids(topic_id, set(asked), log.now_ms()).keys() == set(asked[:50])
+
+
+def test_produced_ids_have_no_index_of_their_own_on_the_topic():
+    """Migration 0012: the unique (topic_id, client_id) index leads with it."""
+    with connection.cursor() as cursor:
+        indexes = connection.introspection.get_constraints(cursor, "broker_producedid")
+    by_columns = {tuple(i["columns"]) for i in indexes.values() if i["index"] or i["unique"]}
+    assert ("topic_id",) not in by_columns
+    assert ("topic_id", "client_id") in by_columns
 
 
 def referencing(table: str) -> set[str]:

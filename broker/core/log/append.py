@@ -258,29 +258,46 @@ def _append_in_transaction(topic: models.Topic, plan: list[_Planned]) -> list[Ap
 # Raw SQL, as the messages' insert: through the ORM a batch's ids cost the broker 2.3 times
 # the CPU of the batch without them (docs/benchmarks.md, session 41).
 KNOWN_IDS = (
-    'SELECT client_id, partition_number, "offset" FROM broker_producedid '
-    "WHERE topic_id = %s AND client_id = ANY(%s) AND created_ms >= %s"
+    'SELECT id, client_id, partition_number, "offset", created_ms FROM broker_producedid '
+    "WHERE topic_id = %s AND client_id = ANY(%s)"
+)
+# PostgreSQL: one lookup an id in producedid_topic_id_uniq, whatever its statistics say. With
+# "client_id = ANY(%s)", a plan made while they were stale (a new topic, a table not yet
+# analyzed) read the topic's every id through the index's first column and filtered them:
+# milliseconds a request, growing with the topic (docs/benchmarks.md, session 42). Here each
+# lookup names both columns of the unique index; OFFSET 0 keeps the loop from being
+# flattened into a join the planner could turn back into that scan.
+KNOWN_IDS_PG = (
+    'SELECT p.id, p.client_id, p.partition_number, p."offset", p.created_ms '
+    "FROM unnest(%s::text[]) AS c (client_id) CROSS JOIN LATERAL ("
+    'SELECT id, client_id, partition_number, "offset", created_ms FROM broker_producedid '
+    "WHERE topic_id = %s AND client_id = c.client_id OFFSET 0) AS p"
 )
 # Ids past the window no longer deduplicate; their rows would trip the unique constraint.
-EXPIRED_IDS = (
-    "DELETE FROM broker_producedid WHERE topic_id = %s AND client_id = ANY(%s) AND created_ms < %s"
-)
-# PostgreSQL in one statement: the DELETE runs whether or not the SELECT reads it, and both
-# see the rows as they were (the SELECT keeps those in the window, which the DELETE keeps).
-KNOWN_AND_EXPIRED_IDS = f"WITH expired AS ({EXPIRED_IDS}) {KNOWN_IDS}"
+EXPIRED_IDS = "DELETE FROM broker_producedid WHERE id = ANY(%s)"
 ID_COLUMNS = ("topic_id", "client_id", "partition_number", "offset", "created_ms")
 
 
 def known_ids(topic_id: int, client_ids: set[str], timestamp_ms: int) -> dict[str, tuple[int, int]]:
-    """Client ids already stored within the dedup window. Caller holds the write transaction."""
+    """Client ids already stored within the dedup window. Caller holds the write transaction.
+
+    The rows of expired ids found are deleted, for the new ones to take their place."""
     cutoff_ms = timestamp_ms - ferry_settings.get("DEDUP_WINDOW_SECONDS") * 1000
-    params = (topic_id, bulk.id_array(sorted(client_ids)), cutoff_ms)
+    ids = bulk.id_array(sorted(client_ids))
     if bulk.vendor() == "postgresql":
-        rows = bulk.run(KNOWN_AND_EXPIRED_IDS, params + params)
+        rows = bulk.run(KNOWN_IDS_PG, (ids, topic_id))
     else:
-        bulk.run(bulk.for_ids(EXPIRED_IDS), params)
-        rows = bulk.run(bulk.for_ids(KNOWN_IDS), params)
-    return {client_id: (partition, offset) for client_id, partition, offset in rows}
+        rows = bulk.run(bulk.for_ids(KNOWN_IDS), (topic_id, ids))
+    known: dict[str, tuple[int, int]] = {}
+    expired: list[int] = []
+    for row_id, client_id, partition, offset, created_ms in rows:
+        if created_ms >= cutoff_ms:
+            known[client_id] = (partition, offset)
+        else:
+            expired.append(row_id)
+    if expired:
+        bulk.run(bulk.for_ids(EXPIRED_IDS), (bulk.id_array(expired),))
+    return known
 
 
 # Raw SQL on the produce hot path: the ORM would compile these for every batch.
