@@ -61,6 +61,8 @@ DATABASE_URL); not part of the test suite (STYLE.md §6). One process, one machi
      transaction), with the statements most often seen waiting on a lock; and how busy the
      whole machine was (/proc/stat: the share of its cores in use);
    - first, each set of processes idle for 2 s: their CPU doing nothing;
+   - with a count repeated (--processes 1,4,1,4,1,4), each phase's ratios against the
+     one-process phase just before it, and their medians;
    - --statements: pg_stat_statements is loaded (ALTER SYSTEM, the throwaway server
      restarted) and each scale-out phase's top statements are printed per 1,000 messages.
 5. prints one table with the targets beside the figures, and stops every process it started
@@ -1359,6 +1361,7 @@ def report(
             "process's (the 'x' columns <= "
             f"{1 + TARGET_CPU_GROWTH:.2f})"
         )
+        lines += paired_lines(scale)
         for s in scale:
             for kind, name in scale_phases(scale):
                 c = getattr(s, name)
@@ -1388,6 +1391,42 @@ def report(
             lines += statement_lines("round trip at prefetch 2", cost, "round trips")
     lines.append("")
     return "\n".join(lines)
+
+
+def paired_lines(scale: list[Scale]) -> list[str]:
+    """With the process counts repeated (--processes 1,4,1,4,1,4), each phase's ratios against
+    the one-process phase just before it, and their medians: the machine's load swings a
+    phase's CPU a message by a fifth or more, so one pair cannot judge a 15 % target."""
+    base_count = scale[0].processes
+    pairs: dict[tuple[str, int], list[tuple[float, float, float]]] = {}
+    for kind, name in scale_phases(scale):
+        base: Counted | None = None
+        for s in scale:
+            c: Counted = getattr(s, name)
+            if s.processes == base_count:
+                base = c
+            elif base is not None:
+                pairs.setdefault((kind, s.processes), []).append(
+                    (
+                        c.rate / base.rate,
+                        c.per_1k(c.broker_cpu) / base.per_1k(base.broker_cpu),
+                        c.per_1k(c.postgres_cpu) / base.per_1k(base.postgres_cpu),
+                    )
+                )
+    lines = []
+    for (kind, processes), found in pairs.items():
+        if len(found) < 2:
+            continue
+        columns = []
+        for label, index in (("msgs/s", 0), ("broker CPU", 1), ("PG CPU", 2)):
+            ratios = [f[index] for f in found]
+            listed = ", ".join(f"{r:.2f}" for r in ratios)
+            columns.append(f"{label} {listed} (median {statistics.median(ratios):.2f}x)")
+        lines.append(
+            f"  {kind} x{processes} ÷ the x{base_count} phase before it, {len(found)} pairs: "
+            + "; ".join(columns)
+        )
+    return lines
 
 
 def cycle_cpu(where: str, c: Counted, postgres: bool) -> str:
