@@ -150,11 +150,14 @@ class ScheduledMessage(models.Model):
         # (due_ms, id): release_due orders by both, and many rows share a due time (one batch
         # with one delay), which PostgreSQL would otherwise sort on every claim.
         indexes = [models.Index(fields=["due_ms", "id"], name="scheduled_due_id_idx")]
+        # The client id first: a delayed produce looks its ids up by them alone (delayed.py).
+        # Led by the topic, PostgreSQL with stale statistics took the topic's own index
+        # instead and read the topic's every scheduled message for each request (0013).
         constraints = [
             models.UniqueConstraint(
-                fields=["topic", "client_id"],
+                fields=["client_id", "topic"],
                 condition=models.Q(client_id__isnull=False),
-                name="scheduled_topic_client_id_uniq",
+                name="scheduled_client_id_topic_uniq",
             )
         ]
 

@@ -5,6 +5,8 @@ id like the rest of the batch (semantics.md#delayed-messages). Listing, cancelli
 releasing them when due is scheduling.py's, a layer above the log.
 """
 
+from django.db.models import QuerySet
+
 from broker import models
 from broker import settings as ferry_settings
 from broker.core import errors
@@ -80,6 +82,14 @@ def due_ms(message: NewMessage, now_ms: int, index: int = 0) -> int:
     return due
 
 
+def with_client_ids(ids: set[str]) -> QuerySet[models.ScheduledMessage]:
+    """The scheduled messages with these client ids, on any topic: the caller checks it.
+    Named in the query, the topic let PostgreSQL with stale statistics read all of the
+    topic's scheduled messages through its index (docs/benchmarks.md, session 42); the ids'
+    unique index leads with them."""
+    return models.ScheduledMessage.objects.filter(client_id__in=ids)
+
+
 def schedule_in_transaction(
     topic: models.Topic,
     delayed: list[tuple[int, NewMessage, int]],
@@ -94,10 +104,7 @@ def schedule_in_transaction(
     the delayed messages' client ids).
     """
     ids = {m.client_id for _, m, _ in delayed if m.client_id is not None}
-    pending = {
-        row.client_id: row
-        for row in models.ScheduledMessage.objects.filter(topic_id=topic.id, client_id__in=ids)
-    }
+    pending = {row.client_id: row for row in with_client_ids(ids) if row.topic_id == topic.id}
     seen: dict[str, int] = {}
     duplicate_of: dict[int, int] = {}
     rows: list[tuple[int, models.ScheduledMessage]] = []
