@@ -4,7 +4,7 @@ and a produce's lookup of its client ids on one probe an id.
 A partition that grew since the table's last ANALYZE is estimated at about one row, and the
 planner then took the (partition, timestamp) index and filtered every row of the partition:
 a read that cost in proportion to the partition's size (docs/benchmarks.md, PostgreSQL). A
-topic's ids and its scheduled messages the same way (session 42).
+topic's ids, its scheduled messages and its trace events the same way (session 42).
 """
 
 import orjson
@@ -12,7 +12,7 @@ import pytest
 from django.db import connection
 
 from broker import models
-from broker.core import keys, log, topics
+from broker.core import keys, log, topics, trace
 from broker.core.log import append, delayed, read
 from broker.core.records import NewMessage
 
@@ -128,6 +128,30 @@ def test_scheduled_id_lookup_of_a_topic_newer_than_the_statistics_uses_the_ids_i
     }
 
 
+@pytest.mark.skipif("connection.vendor != 'postgresql'")
+def test_trace_of_a_message_of_a_topic_newer_than_the_statistics_uses_the_message_index():
+    """A message's trace: the topic's own index was taken, and all its events read."""
+
+    def traced(topic: str, count: int) -> int:
+        topics.create_topic(keys.CONSOLE, topic, 1)
+        topic_id = models.Topic.objects.get(name=topic).id
+        trace.record([trace.event(topic_id, 0, i, "produced", at_ms=1) for i in range(count)])
+        return topic_id
+
+    for name in ("plan.a", "plan.b", "plan.c"):
+        traced(name, 3000)
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE broker_traceevent")
+    traced("plan.new", 20000)
+    found = trace.get_trace(keys.CONSOLE, "plan.new", 0, 10)
+    assert [t.event for t in found] == ["produced"]
+    query = models.TraceEvent.objects.filter(  # trace.get_trace's
+        topic_id=models.Topic.objects.get(name="plan.new").id, partition_number=0, offset=10
+    ).order_by("at_ms", "id")
+    plan = query.explain()
+    assert "trace_message_idx" in plan, plan
+
+
 def test_produced_ids_have_no_index_of_their_own_on_the_topic():
     """Migration 0012: the unique (topic_id, client_id) index leads with it."""
     with connection.cursor() as cursor:
@@ -135,6 +159,15 @@ def test_produced_ids_have_no_index_of_their_own_on_the_topic():
     by_columns = {tuple(i["columns"]) for i in indexes.values() if i["index"] or i["unique"]}
     assert ("topic_id",) not in by_columns
     assert ("topic_id", "client_id") in by_columns
+
+
+def test_trace_events_have_no_index_of_their_own_on_the_topic():
+    """Migration 0014: trace_message_idx leads with it."""
+    with connection.cursor() as cursor:
+        indexes = connection.introspection.get_constraints(cursor, "broker_traceevent")
+    by_columns = {tuple(i["columns"]) for i in indexes.values() if i["index"]}
+    assert ("topic_id",) not in by_columns
+    assert ("topic_id", "partition_number", "offset") in by_columns
 
 
 def referencing(table: str) -> set[str]:
