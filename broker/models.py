@@ -34,7 +34,9 @@ class Topic(models.Model):
 
 
 class Partition(models.Model):
-    topic = models.ForeignKey(Topic, on_delete=models.CASCADE, related_name="partitions")
+    topic = models.ForeignKey(
+        Topic, on_delete=models.CASCADE, related_name="partitions", db_index=False
+    )
     number = models.PositiveIntegerField()
     # The offset the next appended message gets; its row lock serializes offset assignment.
     next_offset = models.BigIntegerField(default=0)
@@ -192,7 +194,9 @@ class ConsumerGroup(models.Model):
 class GroupMember(models.Model):
     """A live consumer of a group on a topic; it expires when silent past the session timeout."""
 
-    group = models.ForeignKey(ConsumerGroup, on_delete=models.CASCADE, related_name="members")
+    group = models.ForeignKey(
+        ConsumerGroup, on_delete=models.CASCADE, related_name="members", db_index=False
+    )
     member_id = models.CharField(max_length=100)
     topic = models.ForeignKey(Topic, on_delete=models.CASCADE, related_name="members")
     joined_ms = models.BigIntegerField()
@@ -216,7 +220,9 @@ class GroupMember(models.Model):
 class PartitionLease(models.Model):
     """Which member of a group holds a partition: one row per (group, partition), so one holder."""
 
-    group = models.ForeignKey(ConsumerGroup, on_delete=models.CASCADE, related_name="leases")
+    group = models.ForeignKey(
+        ConsumerGroup, on_delete=models.CASCADE, related_name="leases", db_index=False
+    )
     partition = models.ForeignKey(Partition, on_delete=models.CASCADE, related_name="leases")
     member_id = models.CharField(max_length=100, null=True, blank=True)
     generation = models.BigIntegerField()
@@ -238,7 +244,9 @@ class GroupOffset(models.Model):
     are in flight (InFlight rows) or settled out of order.
     """
 
-    group = models.ForeignKey(ConsumerGroup, on_delete=models.CASCADE, related_name="offsets")
+    group = models.ForeignKey(
+        ConsumerGroup, on_delete=models.CASCADE, related_name="offsets", db_index=False
+    )
     partition = models.ForeignKey(Partition, on_delete=models.CASCADE, related_name="group_offsets")
     # "" in clustering mode; the member id in broadcast mode, where each member has its offsets.
     subscriber = models.CharField(max_length=100, default="", blank=True)
@@ -276,7 +284,9 @@ class InFlight(models.Model):
         DELIVERED = "delivered"  # with a member until acked, nacked or deadline_ms passes
         RETRY_WAIT = "retry_wait"  # redelivered to the group once deadline_ms passes
 
-    group = models.ForeignKey(ConsumerGroup, on_delete=models.CASCADE, related_name="in_flight")
+    group = models.ForeignKey(
+        ConsumerGroup, on_delete=models.CASCADE, related_name="in_flight", db_index=False
+    )
     partition = models.ForeignKey(Partition, on_delete=models.CASCADE, related_name="in_flight")
     subscriber = models.CharField(max_length=100, default="", blank=True)
     offset = models.BigIntegerField()
@@ -305,7 +315,9 @@ class InFlight(models.Model):
 class DeadLetter(models.Model):
     """A message a group gave up on: its coordinates, why, and a copy of it (retention-proof)."""
 
-    group = models.ForeignKey(ConsumerGroup, on_delete=models.CASCADE, related_name="dead_letters")
+    group = models.ForeignKey(
+        ConsumerGroup, on_delete=models.CASCADE, related_name="dead_letters", db_index=False
+    )
     topic = models.ForeignKey(Topic, on_delete=models.CASCADE, related_name="dead_letters")
     subscriber = models.CharField(max_length=100, default="", blank=True)
     partition_number = models.PositiveIntegerField()
@@ -407,7 +419,9 @@ class AuditEntry(models.Model):
 class TopicSample(models.Model):
     """A topic's size at one moment, for the console's charts (core/history.py)."""
 
-    topic = models.ForeignKey(Topic, on_delete=models.CASCADE, related_name="samples")
+    topic = models.ForeignKey(
+        Topic, on_delete=models.CASCADE, related_name="samples", db_index=False
+    )
     at_ms = models.BigIntegerField()
     # Seconds this sample stands for: the sampling interval, or more once downsampled.
     resolution_s = models.PositiveIntegerField()
@@ -426,7 +440,9 @@ class TopicSample(models.Model):
 class GroupSample(models.Model):
     """A group's position on a topic at one moment, for lag history (core/history.py)."""
 
-    group = models.ForeignKey(ConsumerGroup, on_delete=models.CASCADE, related_name="samples")
+    group = models.ForeignKey(
+        ConsumerGroup, on_delete=models.CASCADE, related_name="samples", db_index=False
+    )
     topic = models.ForeignKey(Topic, on_delete=models.CASCADE, related_name="group_samples")
     at_ms = models.BigIntegerField()
     resolution_s = models.PositiveIntegerField()
@@ -565,7 +581,9 @@ class Transaction(models.Model):
 class StagedMessage(models.Model):
     """A half message: stored with its transaction, read by no fetch, poll or push until commit."""
 
-    transaction = models.ForeignKey(Transaction, on_delete=models.CASCADE, related_name="staged")
+    transaction = models.ForeignKey(
+        Transaction, on_delete=models.CASCADE, related_name="staged", db_index=False
+    )
     topic = models.ForeignKey(Topic, on_delete=models.CASCADE, related_name="staged")
     partition_number = models.PositiveIntegerField(null=True, blank=True)
     key = models.CharField(max_length=1024, null=True, blank=True)
@@ -590,7 +608,7 @@ class StagedOffset(models.Model):
     """A group offset commit carried by a transaction; the last one per partition wins."""
 
     transaction = models.ForeignKey(
-        Transaction, on_delete=models.CASCADE, related_name="staged_offsets"
+        Transaction, on_delete=models.CASCADE, related_name="staged_offsets", db_index=False
     )
     group_name = models.CharField(max_length=200)
     topic = models.ForeignKey(Topic, on_delete=models.CASCADE, related_name="staged_offsets")
@@ -613,7 +631,7 @@ class StagedAck(models.Model):
     """An ack of a delivered message carried by a transaction."""
 
     transaction = models.ForeignKey(
-        Transaction, on_delete=models.CASCADE, related_name="staged_acks"
+        Transaction, on_delete=models.CASCADE, related_name="staged_acks", db_index=False
     )
     group_name = models.CharField(max_length=200)
     receipt = models.CharField(max_length=40)
