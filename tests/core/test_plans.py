@@ -7,6 +7,9 @@ a read that cost in proportion to the partition's size (docs/benchmarks.md, Post
 topic's ids, its scheduled messages and its trace events the same way (session 42).
 """
 
+import functools
+from collections.abc import Callable
+
 import orjson
 import pytest
 from django.db import connection
@@ -61,27 +64,36 @@ def test_fetch_by_name_of_a_partition_newer_than_the_statistics_uses_the_offset_
     assert "message_partition_ts_idx" not in found, found
 
 
-def fill_ids(topic: str, count: int) -> int:
-    """Append count messages with a client id each to topic; the topic's id."""
+def with_ids(topic: str, count: int, delay_ms: int | None = None) -> int:
+    """A new topic with count messages, a client id each ("<topic>-<i>"); its id."""
     topics.create_topic(keys.CONSOLE, topic, 1)
     for start in range(0, count, 1000):
         log.append_messages(
             keys.CONSOLE,
             topic,
-            [NewMessage(b"1", client_id=f"{topic}-{i}") for i in range(start, start + 1000)],
+            [
+                NewMessage(b"1", client_id=f"{topic}-{i}", delay_ms=delay_ms)
+                for i in range(start, start + 1000)
+            ],
         )
     return models.Topic.objects.get(name=topic).id
+
+
+def filled_after_analyze(table: str, fill: Callable[[str, int], int], count: int) -> int:
+    """Three topics filled and table analyzed, then topic plan.new filled with count rows:
+    PostgreSQL estimates plan.new's at about one row. plan.new's id."""
+    for name in ("plan.a", "plan.b", "plan.c"):
+        fill(name, 3000)
+    with connection.cursor() as cursor:
+        cursor.execute(f"ANALYZE {table}")
+    return fill("plan.new", count)
 
 
 @pytest.mark.skipif("connection.vendor != 'postgresql'")
 def test_id_lookup_of_a_topic_newer_than_the_statistics_probes_each_id():
     """Looked up as "client_id = ANY(%s)", the ids of a topic filled after the last ANALYZE
     were found by reading all of the topic's ids through the unique index's first column."""
-    for name in ("plan.a", "plan.b", "plan.c"):
-        fill_ids(name, 3000)
-    with connection.cursor() as cursor:
-        cursor.execute("ANALYZE broker_producedid")
-    topic_id = fill_ids("plan.new", 5000)
+    topic_id = filled_after_analyze("broker_producedid", with_ids, 5000)
     asked = [f"plan.new-{i}" for i in range(4950, 5050)]
     with connection.cursor() as cursor:
         cursor.execute("EXPLAIN " + append.KNOWN_IDS_PG, (asked, topic_id))
@@ -96,24 +108,9 @@ def test_scheduled_id_lookup_of_a_topic_newer_than_the_statistics_uses_the_ids_i
     """A delayed produce's ids: looked up with the topic, the plan took the topic's index
     and read all of the topic's scheduled messages. Sequential scans are off on PostgreSQL:
     at this test's size one is cheaper than 100 probes, as it is not at a queue's."""
-
-    def schedule(topic: str, count: int) -> None:
-        topics.create_topic(keys.CONSOLE, topic, 1)
-        for start in range(0, count, 1000):
-            log.append_messages(
-                keys.CONSOLE,
-                topic,
-                [
-                    NewMessage(b"1", client_id=f"{topic}-{i}", delay_ms=3_600_000)
-                    for i in range(start, start + 1000)
-                ],
-            )
-
-    for name in ("plan.a", "plan.b", "plan.c"):
-        schedule(name, 3000)
-    with connection.cursor() as cursor:
-        cursor.execute("ANALYZE broker_scheduledmessage")
-    schedule("plan.new", 5000)
+    filled_after_analyze(
+        "broker_scheduledmessage", functools.partial(with_ids, delay_ms=3_600_000), 5000
+    )
     asked = {f"plan.new-{i}" for i in range(4950, 5050)}
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
@@ -138,15 +135,11 @@ def test_trace_of_a_message_of_a_topic_newer_than_the_statistics_uses_the_messag
         trace.record([trace.event(topic_id, 0, i, "produced", at_ms=1) for i in range(count)])
         return topic_id
 
-    for name in ("plan.a", "plan.b", "plan.c"):
-        traced(name, 3000)
-    with connection.cursor() as cursor:
-        cursor.execute("ANALYZE broker_traceevent")
-    traced("plan.new", 20000)
+    topic_id = filled_after_analyze("broker_traceevent", traced, 20000)
     found = trace.get_trace(keys.CONSOLE, "plan.new", 0, 10)
     assert [t.event for t in found] == ["produced"]
     query = models.TraceEvent.objects.filter(  # trace.get_trace's
-        topic_id=models.Topic.objects.get(name="plan.new").id, partition_number=0, offset=10
+        topic_id=topic_id, partition_number=0, offset=10
     ).order_by("at_ms", "id")
     plan = query.explain()
     assert "trace_message_idx" in plan, plan
