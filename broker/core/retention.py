@@ -37,14 +37,7 @@ def _retain_partition(topic: models.Topic, partition_id: int, now: int, batch_si
             return 0
         new_start = p.start_offset
         if topic.retention_ms is not None:
-            kept = (
-                models.Message.objects.filter(
-                    partition_id=p.id, timestamp_ms__gte=now - topic.retention_ms
-                )
-                .order_by("timestamp_ms", "offset")
-                .values_list("offset", flat=True)
-                .first()
-            )
+            kept = log.first_offset_at(p.id, now - topic.retention_ms)
             new_start = p.next_offset if kept is None else max(new_start, kept)
         if topic.retention_bytes is not None and p.bytes_stored > topic.retention_bytes:
             excess = p.bytes_stored - topic.retention_bytes

@@ -64,6 +64,42 @@ def test_fetch_by_name_of_a_partition_newer_than_the_statistics_uses_the_offset_
     assert "message_partition_ts_idx" not in found, found
 
 
+@pytest.mark.skipif("connection.vendor != 'postgresql'")
+def test_offset_for_a_time_in_a_partition_newer_than_the_statistics_sorts_nothing():
+    """Ordered by (timestamp, offset), which no index holds, the lookup sorted every message
+    from the timestamp on; now two index ranges of (partition, timestamp)."""
+    partition_id = newer_than_the_statistics()
+    times = sorted(
+        models.Message.objects.filter(partition_id=partition_id).values_list(
+            "timestamp_ms", flat=True
+        )
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "EXPLAIN " + read.SELECT_OFFSET_AT_TIME, (partition_id, partition_id, times[2500])
+        )
+        found = "\n".join(row[0] for row in cursor.fetchall())
+    assert "Sort" not in found, found
+    assert "message_partition_ts_idx" in found, found
+
+
+def test_offset_for_a_time_is_the_lowest_of_the_first_timestamp_at_or_after_it():
+    topics.create_topic(keys.CONSOLE, "times", 1)
+    log.append_messages(keys.CONSOLE, "times", [NewMessage(orjson.dumps(i)) for i in range(4)])
+    partition_id = models.Partition.objects.get(topic__name="times").id
+    for offset, at in ((0, 1000), (1, 3000), (2, 2000), (3, 2000)):
+        models.Message.objects.filter(partition_id=partition_id, offset=offset).update(
+            timestamp_ms=at
+        )
+    assert [log.first_offset_at(partition_id, at) for at in (0, 1500, 2000, 2500, 3001)] == [
+        0,
+        2,
+        2,
+        1,
+        None,
+    ]
+
+
 def with_ids(topic: str, count: int, delay_ms: int | None = None) -> int:
     """A new topic with count messages, a client id each ("<topic>-<i>"); its id."""
     topics.create_topic(keys.CONSOLE, topic, 1)

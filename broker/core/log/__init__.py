@@ -27,6 +27,7 @@ from broker.core.log.purge import purge_topic
 from broker.core.log.read import (
     SELECT_MESSAGES,
     SELECT_PARTITION,
+    first_offset_at,
     list_offsets,
     offset_for_timestamp,
     read_locked,
@@ -48,6 +49,7 @@ __all__ = [
     "append_planned_in_transaction",
     "checked_batch",
     "due_ms",
+    "first_offset_at",
     "in_partition",
     "known_ids",
     "list_offsets",
