@@ -1,4 +1,10 @@
-"""Broker tables, one model per DESIGN.md concept; the rules live in broker/core/."""
+"""Broker tables, one model per DESIGN.md concept; the rules live in broker/core/.
+
+A foreign key whose column leads a longer index of its table (a unique constraint, a
+listing's index) has no index of its own (db_index=False): it served no lookup the longer one
+does not, and with stale statistics PostgreSQL took it for lookups naming more columns
+(docs/decisions/0027-lookups-the-planner-cannot-misread.md; tests/core/test_plans.py).
+"""
 
 from django.db import models
 

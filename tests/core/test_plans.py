@@ -1,10 +1,11 @@
-"""PostgreSQL plans of the hot reads: a delivery's read stays on the (partition, offset) index,
-and a produce's lookup of its client ids on one probe an id.
+"""PostgreSQL plans of the lookups by a topic, partition or group, on tables newer than their
+statistics, and the indexes behind them (ADR 0027).
 
 A partition that grew since the table's last ANALYZE is estimated at about one row, and the
 planner then took the (partition, timestamp) index and filtered every row of the partition:
 a read that cost in proportion to the partition's size (docs/benchmarks.md, PostgreSQL). A
-topic's ids, its scheduled messages and its trace events the same way (session 42).
+topic's ids, its scheduled messages and its trace events the same way, and a partition's
+offset for a time sorted every message from it on (session 42).
 """
 
 import functools
