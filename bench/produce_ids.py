@@ -14,6 +14,11 @@ store a message once), so this is what a producer through the client pays. One p
    the postmaster with its children (its backends), then the medians; stops Daphne by its PID
    and removes its temporary directory.
 
+--prefill N (PostgreSQL) first stores N ids of the same kind for one 4-partition topic, as a
+day of a producer's ids in the dedup window would be (COPY, then ANALYZE), and every round
+posts to that topic: beyond shared_buffers, a random id's index pages are more often out of
+PostgreSQL's cache than a time-ordered one's.
+
 --triggers-off (PostgreSQL, a throwaway server only: `scripts/with-postgres` starts one)
 alternates every round with and without the triggers of broker_message and broker_producedid
 (ALTER TABLE ... DISABLE TRIGGER ALL), to weigh their foreign keys' checks; they are on again
@@ -21,7 +26,7 @@ at the end. Before migration 0011 broker_producedid's check of its topic was one
 since, neither table has one on PostgreSQL (ADR 0017).
 
     scripts/with-postgres .venv/bin/python bench/produce_ids.py [--rounds 4] [--triggers-off]
-        [--ids client|uuid4]
+        [--ids client|uuid4] [--prefill 3000000]
 """
 
 import argparse
@@ -72,6 +77,32 @@ def client_id() -> str:
 
 
 ID_MAKERS = {"client": client_id, "uuid4": lambda: uuid.uuid4().hex}
+PREFILL_CHUNK = 500_000
+
+
+def prefill(topic: str, count: int, make_id: Callable[[], str]) -> None:
+    """count ids of make_id's kind stored for topic, in the window (created now)."""
+    from django.db import connection
+
+    from broker import models
+
+    topic_id = models.Topic.objects.get(name=topic).id
+    now_ms = int(time.time() * 1000)
+    columns = 'topic_id, client_id, partition_number, "offset", created_ms'
+    with connection.cursor() as cursor:
+        for start in range(0, count, PREFILL_CHUNK):
+            with cursor.cursor.copy(f"COPY broker_producedid ({columns}) FROM STDIN") as copy:
+                for i in range(start, min(count, start + PREFILL_CHUNK)):
+                    copy.write_row((topic_id, make_id(), i % PARTITIONS, i // PARTITIONS, now_ms))
+            print(f"[bench] prefilled {min(count, start + PREFILL_CHUNK):,} ids", flush=True)
+        cursor.execute("ANALYZE broker_producedid")
+    connection.close()
+
+
+def create_topic(url: str, headers: dict[str, str], topic: str) -> None:
+    httpx.post(
+        f"{url}/api/v1/topics", json={"name": topic, "partitions": PARTITIONS}, headers=headers
+    ).raise_for_status()
 
 
 def produce_round(
@@ -110,6 +141,12 @@ def main() -> int:
         help="also alternate with the tables' triggers off (a throwaway PostgreSQL only)",
     )
     parser.add_argument(
+        "--prefill",
+        type=int,
+        default=0,
+        help="store this many ids for one topic first, and post every round to it (PostgreSQL)",
+    )
+    parser.add_argument(
         "--ids",
         choices=sorted(ID_MAKERS),
         default="client",
@@ -124,6 +161,8 @@ def main() -> int:
     postmaster = postmaster_pid(database_url) if database_url.startswith("postgres") else None
     if args.triggers_off and postmaster is None:
         sys.exit("--triggers-off needs PostgreSQL (scripts/with-postgres)")
+    if args.prefill and postmaster is None:
+        sys.exit("--prefill needs PostgreSQL (scripts/with-postgres)")
     _, secret = keys.create_api_key(
         keys.CONSOLE, f"bench-ids-{os.getpid()}", [keys.parse_permission("admin:*")]
     )
@@ -137,18 +176,19 @@ def main() -> int:
     try:
         wait_healthy(url, proc, log_path)
         count = PRODUCERS * REQUESTS * BATCH
+        prefilled = f"bench-ids-{os.getpid()}-prefilled" if args.prefill else None
+        if prefilled:
+            create_topic(url, headers, prefilled)
+            prefill(prefilled, args.prefill, ID_MAKERS[args.ids])
         for round_ in range(args.rounds):
             # Every other round in the reverse order: a round's later phases ran cheaper on
             # PostgreSQL, whatever they measured (the triggers off with none left to fire).
             for ids, enabled in kinds if round_ % 2 == 0 else kinds[::-1]:
                 if args.triggers_off:
                     triggers(enabled)
-                topic = f"bench-ids-{os.getpid()}-{round_}-{ids:d}{enabled:d}"
-                httpx.post(
-                    f"{url}/api/v1/topics",
-                    json={"name": topic, "partitions": PARTITIONS},
-                    headers=headers,
-                ).raise_for_status()
+                topic = prefilled or f"bench-ids-{os.getpid()}-{round_}-{ids:d}{enabled:d}"
+                if not prefilled:
+                    create_topic(url, headers, topic)
                 broker, pg = cpu_seconds(proc.pid), postgres_cpu(postmaster) if postmaster else 0.0
                 seconds = produce_round(url, headers, topic, ids, ID_MAKERS[args.ids])
                 broker = (cpu_seconds(proc.pid) - broker) / count * 1000
@@ -166,6 +206,8 @@ def main() -> int:
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"\n  command  : {command_line()}\n  database : {database_description()}")
     print(f"  {PRODUCERS} threads x {REQUESTS} requests x {BATCH} keyed 256-byte messages")
+    if args.prefill:
+        print(f"  every round to one topic, {args.prefill:,} ids of the same kind stored first")
     print("  medians of", args.rounds, "rounds      msgs/s  broker CPU s/1k  PG CPU s/1k")
     for ids, enabled in kinds:
         rate, broker, pg = (
