@@ -11,7 +11,7 @@ rebuilt.
 
 from django.db import migrations, models
 
-INDEX = "broker_producedid_topic_id_fbac9cb4"
+from broker.migrations._indexes import index_dropped
 
 
 class Migration(migrations.Migration):
@@ -33,9 +33,8 @@ class Migration(migrations.Migration):
                 )
             ],
             database_operations=[
-                migrations.RunSQL(
-                    f"DROP INDEX {INDEX}",
-                    f"CREATE INDEX {INDEX} ON broker_producedid (topic_id)",
+                index_dropped(
+                    "broker_producedid", "topic_id", "broker_producedid_topic_id_fbac9cb4"
                 )
             ],
         ),

@@ -9,7 +9,7 @@ name, as in 0012, so that SQLite's table is not rebuilt.
 
 from django.db import migrations, models
 
-INDEX = "broker_traceevent_topic_id_3b3e01cd"
+from broker.migrations._indexes import index_dropped
 
 
 class Migration(migrations.Migration):
@@ -30,9 +30,8 @@ class Migration(migrations.Migration):
                 )
             ],
             database_operations=[
-                migrations.RunSQL(
-                    f"DROP INDEX {INDEX}",
-                    f"CREATE INDEX {INDEX} ON broker_traceevent (topic_id)",
+                index_dropped(
+                    "broker_traceevent", "topic_id", "broker_traceevent_topic_id_3b3e01cd"
                 )
             ],
         ),

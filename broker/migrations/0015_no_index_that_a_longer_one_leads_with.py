@@ -12,6 +12,8 @@ so that no SQLite table is rebuilt; tests/core/test_plans.py checks that none is
 import django.db.models.deletion
 from django.db import migrations, models
 
+from broker.migrations._indexes import index_dropped
+
 # (table, column, Django's name for the foreign key's index)
 DROPPED = [
     ("broker_deadletter", "group_id", "broker_deadletter_group_id_6c166ec3"),
@@ -145,11 +147,6 @@ class Migration(migrations.Migration):
                     ),
                 ),
             ],
-            database_operations=[
-                migrations.RunSQL(
-                    f"DROP INDEX {index}", f"CREATE INDEX {index} ON {table} ({column})"
-                )
-                for table, column, index in DROPPED
-            ],
+            database_operations=[index_dropped(*dropped) for dropped in DROPPED],
         ),
     ]
