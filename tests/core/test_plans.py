@@ -24,11 +24,23 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def fill(topic: str, count: int) -> int:
+    """A new topic of one partition with count messages; the partition's id."""
+    topics.create_topic(keys.CONSOLE, topic, 1)
     for start in range(0, count, 1000):
         log.append_messages(
             keys.CONSOLE, topic, [NewMessage(orjson.dumps(i)) for i in range(start, start + 1000)]
         )
     return models.Partition.objects.get(topic__name=topic, number=0).id
+
+
+def filled_after_analyze(table: str, fill: Callable[[str, int], int], count: int) -> int:
+    """Three topics filled and table analyzed, then topic plan.new filled with count rows:
+    PostgreSQL estimates plan.new's at about one row. What fill gave for plan.new."""
+    for name in ("plan.a", "plan.b", "plan.c"):
+        fill(name, 3000)
+    with connection.cursor() as cursor:
+        cursor.execute(f"ANALYZE {table}")
+    return fill("plan.new", count)
 
 
 def plan(partition_id: int) -> str:
@@ -39,13 +51,7 @@ def plan(partition_id: int) -> str:
 
 def newer_than_the_statistics() -> int:
     """The id of partition 0 of topic plan.new, filled after the table's last ANALYZE."""
-    for name in ("plan.a", "plan.b", "plan.c"):
-        topics.create_topic(keys.CONSOLE, name, 1)
-        fill(name, 3000)
-    with connection.cursor() as cursor:
-        cursor.execute("ANALYZE broker_message")
-    topics.create_topic(keys.CONSOLE, "plan.new", 1)
-    return fill("plan.new", 5000)
+    return filled_after_analyze("broker_message", fill, 5000)
 
 
 @pytest.mark.skipif("connection.vendor != 'postgresql'")
@@ -119,16 +125,6 @@ def with_ids(topic: str, count: int, delay_ms: int | None = None) -> int:
             ],
         )
     return models.Topic.objects.get(name=topic).id
-
-
-def filled_after_analyze(table: str, fill: Callable[[str, int], int], count: int) -> int:
-    """Three topics filled and table analyzed, then topic plan.new filled with count rows:
-    PostgreSQL estimates plan.new's at about one row. plan.new's id."""
-    for name in ("plan.a", "plan.b", "plan.c"):
-        fill(name, 3000)
-    with connection.cursor() as cursor:
-        cursor.execute(f"ANALYZE {table}")
-    return fill("plan.new", count)
 
 
 @pytest.mark.skipif("connection.vendor != 'postgresql'")
