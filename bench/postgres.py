@@ -459,6 +459,14 @@ class Counted:
     def per_1k(self, value: float) -> float:
         return value / self.messages * 1000
 
+    def against(self, base: "Counted") -> tuple[float, float, float]:
+        """This phase's msgs/s, broker CPU and PostgreSQL CPU a message, each ÷ base's."""
+        return (
+            self.rate / base.rate,
+            self.per_1k(self.broker_cpu) / base.per_1k(base.broker_cpu),
+            self.per_1k(self.postgres_cpu) / base.per_1k(base.postgres_cpu),
+        )
+
 
 class Meter:
     """CPU, commits, lock waits and statements around a phase."""
@@ -1308,13 +1316,11 @@ def report(
             base: Counted = getattr(scale[0], name)
             for s in scale:
                 c: Counted = getattr(s, name)
-                growth = c.rate / base.rate
+                growth, broker, pg = c.against(base)
                 target = ""
                 if s.processes in TARGET_SCALE:
                     goal = TARGET_SCALE[s.processes]
                     target = f">={goal}x {'ok' if growth >= goal else 'MISS'}"
-                broker = c.per_1k(c.broker_cpu) / base.per_1k(base.broker_cpu)
-                pg = c.per_1k(c.postgres_cpu) / base.per_1k(base.postgres_cpu)
                 used = c.broker_cpu / (c.seconds * CORE_SHARE * s.processes)
                 lines.append(
                     f"  {kind:<10}{s.processes:>6}{c.rate:>9,.0f}{growth:>8.2f}x{target:>12}"
@@ -1406,13 +1412,7 @@ def paired_lines(scale: list[Scale]) -> list[str]:
             if s.processes == base_count:
                 base = c
             elif base is not None:
-                pairs.setdefault((kind, s.processes), []).append(
-                    (
-                        c.rate / base.rate,
-                        c.per_1k(c.broker_cpu) / base.per_1k(base.broker_cpu),
-                        c.per_1k(c.postgres_cpu) / base.per_1k(base.postgres_cpu),
-                    )
-                )
+                pairs.setdefault((kind, s.processes), []).append(c.against(base))
     lines = []
     for (kind, processes), found in pairs.items():
         if len(found) < 2:
