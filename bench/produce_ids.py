@@ -25,8 +25,12 @@ alternates every round with and without the triggers of broker_message and broke
 at the end. Before migration 0011 broker_producedid's check of its topic was one of them;
 since, neither table has one on PostgreSQL (ADR 0017).
 
+--batch B --requests R: R requests of B messages a thread instead of 30 of 100 (--batch 1
+--requests 200: producers that send one event a request, the client's default). Each round
+also prints the median and 99th percentile of a request's time.
+
     scripts/with-postgres .venv/bin/python bench/produce_ids.py [--rounds 4] [--triggers-off]
-        [--ids client|uuid4] [--prefill 3000000]
+        [--ids client|uuid4] [--prefill 3000000] [--batch 100 --requests 30]
 """
 
 import argparse
@@ -106,22 +110,31 @@ def create_topic(url: str, headers: dict[str, str], topic: str) -> None:
 
 
 def produce_round(
-    url: str, headers: dict[str, str], topic: str, ids: bool, make_id: Callable[[], str]
-) -> float:
-    """The round's seconds: PRODUCERS threads, REQUESTS requests of BATCH messages each."""
+    url: str,
+    headers: dict[str, str],
+    topic: str,
+    ids: bool,
+    make_id: Callable[[], str],
+    shape: tuple[int, int],
+) -> tuple[float, list[float]]:
+    """The round's seconds, and each request's: PRODUCERS threads, shape = (requests, batch)."""
+    requests, batch = shape
 
     def message(i: int, j: int) -> dict[str, object]:
         return {"key": f"p{i}-{j}", "value": VALUE, **({"id": make_id()} if ids else {})}
 
     bodies = [
-        [orjson.dumps({"messages": [message(i, j) for j in range(BATCH)]}) for _ in range(REQUESTS)]
+        [orjson.dumps({"messages": [message(i, j) for j in range(batch)]}) for _ in range(requests)]
         for i in range(PRODUCERS)
     ]
+    took: list[float] = []
 
     def work(i: int) -> None:
         with httpx.Client(base_url=url, headers=headers, timeout=60) as client:
             for body in bodies[i]:
+                sent = time.perf_counter()
                 client.post(f"/api/v1/topics/{topic}/messages", content=body).raise_for_status()
+                took.append(time.perf_counter() - sent)  # list.append: atomic under the GIL
 
     threads = [threading.Thread(target=work, args=(i,)) for i in range(PRODUCERS)]
     started = time.perf_counter()
@@ -129,7 +142,12 @@ def produce_round(
         thread.start()
     for thread in threads:
         thread.join()
-    return time.perf_counter() - started
+    return time.perf_counter() - started, took
+
+
+def percentile_ms(took: list[float], fraction: float) -> float:
+    ordered = sorted(took)
+    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))] * 1000
 
 
 def main() -> int:
@@ -152,7 +170,12 @@ def main() -> int:
         default="client",
         help="the ids: ferry_client's (default) or random uuid4s",
     )
+    parser.add_argument("--batch", type=int, default=BATCH, help="messages a request (100)")
+    parser.add_argument(
+        "--requests", type=int, default=REQUESTS, help="requests a thread a round (30)"
+    )
     args = parser.parse_args()
+    shape = (args.requests, args.batch)
     tmp = Path(tempfile.mkdtemp(prefix="ferry-bench-ids-"))
     setup_django(tmp)
     from broker.core import keys
@@ -169,13 +192,13 @@ def main() -> int:
     headers = {"Authorization": f"Bearer {secret}", "Content-Type": "application/json"}
     states = (True, False) if args.triggers_off else (True,)
     kinds = [(ids, enabled) for enabled in states for ids in (False, True)]
-    results: dict[tuple[bool, bool], list[tuple[float, float, float]]] = {k: [] for k in kinds}
+    results: dict[tuple[bool, bool], list[tuple[float, ...]]] = {k: [] for k in kinds}
     port, log_path = free_port(), tmp / "daphne.log"
     proc = start_daphne(port, log_path)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(url, proc, log_path)
-        count = PRODUCERS * REQUESTS * BATCH
+        count = PRODUCERS * args.requests * args.batch
         prefilled = f"bench-ids-{os.getpid()}-prefilled" if args.prefill else None
         if prefilled:
             create_topic(url, headers, prefilled)
@@ -190,13 +213,15 @@ def main() -> int:
                 if not prefilled:
                     create_topic(url, headers, topic)
                 broker, pg = cpu_seconds(proc.pid), postgres_cpu(postmaster) if postmaster else 0.0
-                seconds = produce_round(url, headers, topic, ids, ID_MAKERS[args.ids])
+                seconds, took = produce_round(url, headers, topic, ids, ID_MAKERS[args.ids], shape)
                 broker = (cpu_seconds(proc.pid) - broker) / count * 1000
                 pg = (postgres_cpu(postmaster) - pg) / count * 1000 if postmaster else 0.0
-                results[(ids, enabled)].append((count / seconds, broker, pg))
+                p50, p99 = percentile_ms(took, 0.5), percentile_ms(took, 0.99)
+                results[(ids, enabled)].append((count / seconds, broker, pg, p50, p99))
                 print(
                     f"[bench] ids {'on ' if ids else 'off'} triggers {'on ' if enabled else 'off'}"
-                    f"  {count / seconds:>8,.0f} msgs/s  broker {broker:.4f}  PG {pg:.4f} s/1k",
+                    f"  {count / seconds:>8,.0f} msgs/s  broker {broker:.4f}  PG {pg:.4f} s/1k"
+                    f"  request p50 {p50:.1f} p99 {p99:.1f} ms",
                     flush=True,
                 )
     finally:
@@ -205,16 +230,22 @@ def main() -> int:
         stop_daphne(proc)
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"\n  command  : {command_line()}\n  database : {database_description()}")
-    print(f"  {PRODUCERS} threads x {REQUESTS} requests x {BATCH} keyed 256-byte messages")
+    print(
+        f"  {PRODUCERS} threads x {args.requests} requests x {args.batch} keyed 256-byte messages"
+    )
     if args.prefill:
         print(f"  every round to one topic, {args.prefill:,} ids of the same kind stored first")
-    print("  medians of", args.rounds, "rounds      msgs/s  broker CPU s/1k  PG CPU s/1k")
+    print(
+        "  medians of",
+        args.rounds,
+        "rounds      msgs/s  broker CPU s/1k  PG CPU s/1k  request p50 / p99 ms",
+    )
     for ids, enabled in kinds:
-        rate, broker, pg = (
-            statistics.median(r[i] for r in results[(ids, enabled)]) for i in range(3)
+        rate, broker, pg, p50, p99 = (
+            statistics.median(r[i] for r in results[(ids, enabled)]) for i in range(5)
         )
         label = f"ids {'on' if ids else 'off'}, triggers {'on' if enabled else 'off'}"
-        print(f"  {label:<27}{rate:>9,.0f}{broker:>17.4f}{pg:>13.4f}")
+        print(f"  {label:<27}{rate:>9,.0f}{broker:>17.4f}{pg:>13.4f}{p50:>12.1f} / {p99:.1f}")
     return 0
 
 

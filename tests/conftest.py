@@ -13,6 +13,7 @@ from django.db import connection, connections
 from django.test import Client
 
 from broker.core import bulk, keys, topics
+from broker.core.log import append
 from broker.core.records import Principal, TopicInfo
 from tests.sessions import LingeringSession, end_lingering_sessions
 
@@ -46,6 +47,16 @@ def django_db_setup(django_db_setup: None, django_db_blocker: Any) -> Iterator[N
     if left:
         message = f"sessions ended at the end of the run: {left}"
         warnings.warn(message, LingeringSession, stacklevel=1)
+
+
+@pytest.fixture(autouse=True)
+def _ids_unseen_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test's first batch stores its client ids without a lookup first, as a process's does.
+
+    A duplicate id makes the process look ids up for a while (log.met_stored_id); without this,
+    whether a test takes the lookup or not would depend on the tests before it.
+    """
+    monkeypatch.setattr(append, "_look_up_ids_until", 0.0)
 
 
 @pytest.fixture(autouse=True)

@@ -388,16 +388,19 @@ def _quoted(columns: Sequence[str]) -> str:
     return ", ".join(f'"{c}"' for c in columns)
 
 
-def insert_rows(table: str, columns: Sequence[str], rows: Sequence[tuple[object, ...]]) -> None:
-    """Insert rows (values in columns order) into table. Caller holds the transaction."""
+def insert_rows(
+    table: str, columns: Sequence[str], rows: Sequence[tuple[object, ...]], *, now: bool = False
+) -> None:
+    """Insert rows (values in columns order) into table. Caller holds the transaction.
+
+    now: not deferred (defer()), so that an error is raised here, not by the next statement
+    (inside the caller's savepoint, say)."""
     if not rows:
         return
     if vendor() == "postgresql":
         if len(rows) < PG_COPY_MIN_ROWS:
-            defer(
-                insert_sql(table, tuple(columns), len(rows)),
-                [v for r in rows for v in r],
-                table=table,
+            (run if now else functools.partial(defer, table=table))(
+                insert_sql(table, tuple(columns), len(rows)), [v for r in rows for v in r]
             )
             return
         copy_sql = f"COPY {table} ({_quoted(columns)}) FROM STDIN"

@@ -99,6 +99,7 @@ def _append_batches(
     # trips per group commit on PostgreSQL (docs/benchmarks.md). Should one request be at fault,
     # the transaction rolls back and each is appended again in a savepoint of its own (which
     # sets every outcome this attempt set).
+    ids_unseen = log.unseen_ids_likely()
     try:
         with transaction.atomic(durable=True):
             for topic, planned in by_topic.values():
@@ -106,7 +107,7 @@ def _append_batches(
                 if row is not None:
                     bulk.read_ahead(topic_sql, [topic.name])  # with the partitions' lock
                 results = log.append_planned_in_transaction(
-                    topic, [p for _, plan in planned for p in plan]
+                    topic, [p for _, plan in planned for p in plan], ids_unseen=ids_unseen
                 )
                 if row is not None and bulk.run(topic_sql, [topic.name]) != [row]:
                     raise _TopicChanged
@@ -115,7 +116,9 @@ def _append_batches(
                     outcomes[i] = results[start : start + len(plan)]
                     start += len(plan)
         return outcomes
-    except (errors.BrokerError, IntegrityError, _TopicChanged):
+    except (errors.BrokerError, IntegrityError, _TopicChanged) as exc:
+        if ids_unseen and isinstance(exc, IntegrityError):
+            log.met_stored_id()  # a stored client id, most likely: look them up from now
         if guessed:
             return _unguessed(requests, guessed)  # rolled back: as if not guessed
     # One of them is at fault: find out which, one by one.

@@ -9,7 +9,7 @@ from asgiref.sync import sync_to_async
 from django.db import connection
 
 from broker import models
-from broker.core import bulk, errors, groupcommit, keys, topics
+from broker.core import bulk, errors, groupcommit, keys, log, topics
 from broker.core.membership import rebalancing
 from broker.core.records import NewMessage
 
@@ -98,6 +98,30 @@ async def test_append_messages__idempotent_ids_within_a_group(topic_factory):
     await close_thread_connection()
 
 
+def test_append_batches__a_stored_id_rolls_back_and_is_answered_duplicate(topic_factory):
+    """The group stores its ids without a lookup first; a retry's id fails the commit, and the
+    requests are appended again, after a lookup, each on its own."""
+    topic = topic_factory(partitions=1).name
+    [stored] = groupcommit.append_batches([(keys.CONSOLE, topic, [message(0, client_id="a")])])
+    assert isinstance(stored, list)
+    outcomes = groupcommit.append_batches(
+        [
+            (keys.CONSOLE, topic, [message(1, client_id="b")]),
+            (keys.CONSOLE, topic, [message(0, client_id="a"), message(2)]),
+            (keys.CONSOLE, topic, [message(3, client_id="c")]),
+        ]
+    )
+    assert [offsets(o) for o in outcomes] == [[1], [0, 2], [3]]
+    assert outcomes[1][0] == stored[0]._replace(duplicate=True)
+    assert [m.offset for m in models.Message.objects.order_by("offset")] == [0, 1, 2, 3]
+    assert sorted(models.ProducedId.objects.values_list("client_id", "offset")) == [
+        ("a", 0),
+        ("b", 1),
+        ("c", 3),
+    ]
+    assert not log.unseen_ids_likely()
+
+
 def test_append_batches__no_savepoint_when_all_succeed(topic_factory):
     """Savepoints only on the way back from a failure: two round trips fewer per group commit
     on PostgreSQL (docs/benchmarks.md)."""
@@ -168,17 +192,22 @@ def test_append_batches__the_topic_read_with_the_partitions_lock(topic_factory, 
         assert offsets(outcome) == [value]
         if value:  # the first reads the topic on its own
             assert trips == [["SELECT", "SELECT"], ["INSERT", "UPDATE", "COMMIT"]]
+    # Client ids are not looked up first, and their rows go with the messages' and the COMMIT.
+    trips.clear()
+    (outcome,) = groupcommit.append_batches([(keys.CONSOLE, name, [message(3, client_id="a")])])
+    assert offsets(outcome) == [3]
+    assert trips == [["SELECT", "SELECT"], ["INSERT", "UPDATE", "INSERT", "COMMIT"]]
     # Rows enough for a COPY (its own protocol, not through pgwire): the topic's row read with
     # the lock is not read again after the rows, under the lock.
     trips.clear()
     big = [message(i) for i in range(bulk.PG_COPY_MIN_ROWS)]
     (outcome,) = groupcommit.append_batches([(keys.CONSOLE, name, big)])
-    assert offsets(outcome) == list(range(3, 3 + bulk.PG_COPY_MIN_ROWS))
+    assert offsets(outcome) == list(range(4, 4 + bulk.PG_COPY_MIN_ROWS))
     assert trips == [["SELECT", "SELECT"], ["UPDATE", "COMMIT"]]
     rebalancing.alter_topic(keys.CONSOLE, name, max_message_bytes=4000)
     trips.clear()
     (outcome,) = groupcommit.append_batches([(keys.CONSOLE, name, [message(9)])])
-    assert offsets(outcome) == [3 + bulk.PG_COPY_MIN_ROWS]
+    assert offsets(outcome) == [4 + bulk.PG_COPY_MIN_ROWS]
     # The guess (the lock and the changed row; then a rollback), then as without one.
     assert trips == [["SELECT", "SELECT"], ["SELECT"], ["SELECT"], ["INSERT", "UPDATE", "COMMIT"]]
 

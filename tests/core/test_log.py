@@ -1,9 +1,13 @@
+import time
+
 import orjson
 import pytest
 from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from broker import models
-from broker.core import errors, keys, log, membership, topics
+from broker.core import bulk, errors, keys, log, membership, topics
+from broker.core.log import append
 from broker.core.records import NewMessage
 
 
@@ -66,6 +70,68 @@ def test_append_messages__id_after_dedup_window_is_new(topic_factory, console, s
     models.ProducedId.objects.update(created_ms=0)
     again = log.append_messages(console, topic.name, [NewMessage(value=b"1", client_id="a")])
     assert (again[0].offset, again[0].duplicate) == (1, False)
+    assert list(models.ProducedId.objects.values_list("offset", flat=True)) == [1]
+
+
+def stored_ids_read(queries):
+    return [
+        q["sql"] for q in queries if "FROM broker_producedid" in q["sql"] and "SELECT" in q["sql"]
+    ]
+
+
+def test_append_messages__new_ids_are_stored_without_a_lookup(topic_factory, console):
+    """A lookup would cost PostgreSQL a probe of the unique index an id, which the insert's own
+    check makes again, and the batch a round trip."""
+    topic = topic_factory(partitions=2)
+    batch = [NewMessage(value=b"1", client_id=f"id-{i}") for i in range(5)]
+    with CaptureQueriesContext(connection) as queries:
+        results = log.append_messages(console, topic.name, batch)
+    assert not stored_ids_read(queries.captured_queries)
+    assert not any(r.duplicate for r in results)
+    stored = models.ProducedId.objects.values_list("client_id", "partition_number", "offset")
+    assert sorted(stored) == sorted(
+        (f"id-{i}", r.partition, r.offset) for i, r in enumerate(results)
+    )
+
+
+def test_append_messages__a_stored_id_is_looked_up_for_a_while(topic_factory, console, monkeypatch):
+    """A retry met stores nothing twice; the next batches look their ids up first, as retries
+    come in bursts, until LOOK_UP_IDS_FOR_SECONDS pass."""
+    topic = topic_factory(partitions=2)
+    first = log.append_messages(console, topic.name, [NewMessage(value=b"1", client_id="a")])
+    again = log.append_messages(
+        console,
+        topic.name,
+        [NewMessage(value=b"0", client_id="new"), NewMessage(value=b"1", client_id="a")],
+    )
+    assert again[1] == first[0]._replace(duplicate=True)
+    assert not again[0].duplicate
+    assert sum(end_offsets(topic.name)) == 2
+    assert not log.unseen_ids_likely()
+    with CaptureQueriesContext(connection) as queries:
+        log.append_messages(console, topic.name, [NewMessage(value=b"2", client_id="b")])
+    assert stored_ids_read(queries.captured_queries)
+    clock = time.monotonic() + append.LOOK_UP_IDS_FOR_SECONDS
+    monkeypatch.setattr(append.time, "monotonic", lambda: clock)
+    assert log.unseen_ids_likely()
+    with CaptureQueriesContext(connection) as queries:
+        log.append_messages(console, topic.name, [NewMessage(value=b"3", client_id="c")])
+    assert not stored_ids_read(queries.captured_queries)
+    assert models.ProducedId.objects.count() == 4
+
+
+def test_append_messages__a_stored_id_among_many(topic_factory, console):
+    """From bulk.PG_COPY_MIN_ROWS ids on, PostgreSQL stores them with a COPY, which a stored id
+    fails at once instead of the COMMIT."""
+    topic = topic_factory(partitions=2)
+    count = bulk.PG_COPY_MIN_ROWS + 50
+    [first] = log.append_messages(console, topic.name, [NewMessage(value=b"x", client_id="x-7")])
+    batch = [NewMessage(value=b"x", client_id=f"x-{i}") for i in range(count)]
+    results = log.append_messages(console, topic.name, batch)
+    assert [i for i, r in enumerate(results) if r.duplicate] == [7]
+    assert results[7] == first._replace(duplicate=True)
+    assert sum(end_offsets(topic.name)) == count
+    assert models.ProducedId.objects.count() == count
 
 
 def test_append_messages__bad_message_stores_nothing(topic_factory, console):

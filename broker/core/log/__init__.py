@@ -19,8 +19,10 @@ from broker.core.log.append import (
     in_partition,
     known_ids,
     message_size,
+    met_stored_id,
     now_ms,
     truncate,
+    unseen_ids_likely,
 )
 from broker.core.log.delayed import LEVELS_MS, due_ms
 from broker.core.log.purge import purge_topic
@@ -54,6 +56,7 @@ __all__ = [
     "known_ids",
     "list_offsets",
     "message_size",
+    "met_stored_id",
     "now_ms",
     "offset_for_timestamp",
     "purge_topic",
@@ -63,5 +66,6 @@ __all__ = [
     "read_partition",
     "read_partition_ahead",
     "truncate",
+    "unseen_ids_likely",
     "validate_max_wait",
 ]

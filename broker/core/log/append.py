@@ -128,6 +128,11 @@ def append_messages(
 ) -> list[AppendResult]:
     """Append a batch in one transaction; results are in the batch's order."""
     topic, plan = checked_batch(principal, topic_name, messages)
+    if unseen_ids_likely():
+        try:
+            return _append_planned(topic, plan, ids_unseen=True)
+        except IntegrityError:
+            met_stored_id()  # one of them is stored: look them up, below
     for attempt in range(_DEDUP_ATTEMPTS):
         try:
             return _append_planned(topic, plan)
@@ -137,6 +142,27 @@ def append_messages(
             if attempt == _DEDUP_ATTEMPTS - 1:
                 raise errors.BrokerError("Could not store the batch; retry it.") from None
     raise AssertionError("unreachable")
+
+
+# A batch's client ids are stored without a lookup first (ids_unseen): ids are new but for a
+# producer's retries, and a lookup costs PostgreSQL a probe of the unique index an id and
+# the batch a round trip, which the insert's own check of the index makes again. A batch that
+# meets a stored id rolls back and is appended again after a lookup. Retries come in bursts
+# (a producer's after a timeout, all of them after an outage), so after one the process looks
+# ids up first for a while, instead of rolling back every batch of the burst.
+LOOK_UP_IDS_FOR_SECONDS = 10.0
+_look_up_ids_until = 0.0
+
+
+def unseen_ids_likely() -> bool:
+    """Whether a batch's client ids are stored without a lookup first (ids_unseen)."""
+    return time.monotonic() >= _look_up_ids_until
+
+
+def met_stored_id() -> None:
+    """A batch stored with ids_unseen met a stored client id: look ids up for a while."""
+    global _look_up_ids_until
+    _look_up_ids_until = time.monotonic() + LOOK_UP_IDS_FOR_SECONDS
 
 
 def checked_batch(
@@ -173,14 +199,20 @@ def checked_batch(
     return topic, _plan(topic, messages)
 
 
-def _append_planned(topic: models.Topic, plan: list[_Planned]) -> list[AppendResult]:
+def _append_planned(
+    topic: models.Topic, plan: list[_Planned], *, ids_unseen: bool = False
+) -> list[AppendResult]:
     with transaction.atomic(durable=True):
-        return _append_in_transaction(topic, plan)
+        return _append_in_transaction(topic, plan, ids_unseen=ids_unseen)
 
 
-def append_planned_in_transaction(topic: models.Topic, plan: list[_Planned]) -> list[AppendResult]:
-    """Append a checked batch (checked_batch). Caller holds the write transaction."""
-    return _append_in_transaction(topic, plan)
+def append_planned_in_transaction(
+    topic: models.Topic, plan: list[_Planned], *, ids_unseen: bool = False
+) -> list[AppendResult]:
+    """Append a checked batch (checked_batch). Caller holds the write transaction.
+
+    ids_unseen: see _append_in_transaction; the caller rolls back on IntegrityError."""
+    return _append_in_transaction(topic, plan, ids_unseen=ids_unseen)
 
 
 def append_in_transaction(topic: models.Topic, messages: list[NewMessage]) -> list[AppendResult]:
@@ -191,14 +223,23 @@ def append_in_transaction(topic: models.Topic, messages: list[NewMessage]) -> li
     return _append_in_transaction(topic, _plan(topic, messages, check_size=False))
 
 
-def _append_in_transaction(topic: models.Topic, plan: list[_Planned]) -> list[AppendResult]:
-    """Dedup, schedule delayed messages, store the rest. Caller holds the write transaction."""
+def _append_in_transaction(
+    topic: models.Topic, plan: list[_Planned], *, ids_unseen: bool = False
+) -> list[AppendResult]:
+    """Dedup, schedule delayed messages, store the rest. Caller holds the write transaction.
+
+    ids_unseen: store the client ids without looking them up first, as if none were stored;
+    one that is raises IntegrityError (on PostgreSQL by the COMMIT), and the caller appends
+    again with ids_unseen False (see unseen_ids_likely).
+    """
     timestamp_ms = now_ms()
     results: list[AppendResult | None] = [None] * len(plan)
     client_ids = {
         p.message.client_id for p in plan if p.message.client_id is not None and p.due_ms is None
     }
-    existing = known_ids(topic.id, client_ids, timestamp_ms) if client_ids else {}
+    existing = (
+        known_ids(topic.id, client_ids, timestamp_ms) if client_ids and not ids_unseen else {}
+    )
     first_index: dict[str, int] = {}
     duplicate_of: dict[int, int] = {}
     to_store: list[int] = []
@@ -222,17 +263,18 @@ def _append_in_transaction(topic: models.Topic, plan: list[_Planned]) -> list[Ap
         placed = _store(topic, plan, to_store, results)
         if first_index:
             # Sorted: concurrent producers insert shared ids in one order, so on PostgreSQL
-            # they wait on each other instead of deadlocking. Now, not deferred to the COMMIT
-            # (bulk.insert_rows): a concurrent producer's id fails this statement, inside the
-            # savepoint that retries the request on its own.
-            new_ids = sorted(first_index.items())
-            bulk.run(
-                bulk.insert_sql("broker_producedid", ID_COLUMNS, len(new_ids)),
+            # they wait on each other instead of deadlocking. Unseen, with the COMMIT (or a
+            # COPY: bulk.insert_rows), which a stored id then fails, and the caller appends
+            # again. Looked up, now: a concurrent producer's id then fails this statement,
+            # inside the savepoint that retries the request on its own.
+            bulk.insert_rows(
+                "broker_producedid",
+                ID_COLUMNS,
                 [
-                    v
-                    for client_id, i in new_ids
-                    for v in (topic.id, client_id, placed[i][0], placed[i][1], timestamp_ms)
+                    (topic.id, client_id, *placed[i], timestamp_ms)
+                    for client_id, i in sorted(first_index.items())
                 ],
+                now=not ids_unseen,
             )
     if to_store and topic.trace:
         trace.record(
