@@ -112,6 +112,7 @@ def test_append_batches__a_stored_id_rolls_back_and_is_answered_duplicate(topic_
         ]
     )
     assert [offsets(o) for o in outcomes] == [[1], [0, 2], [3]]
+    assert isinstance(outcomes[1], list)
     assert outcomes[1][0] == stored[0]._replace(duplicate=True)
     assert [m.offset for m in models.Message.objects.order_by("offset")] == [0, 1, 2, 3]
     assert sorted(models.ProducedId.objects.values_list("client_id", "offset")) == [
