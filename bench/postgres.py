@@ -64,13 +64,17 @@ DATABASE_URL); not part of the test suite (STYLE.md §6). One process, one machi
    - with a count repeated (--processes 1,4,1,4,1,4), each phase's ratios against the
      one-process phase just before it, and their medians;
    - --statements: pg_stat_statements is loaded (ALTER SYSTEM, the throwaway server
-     restarted) and each scale-out phase's top statements are printed per 1,000 messages.
+     restarted) and each scale-out phase's top statements are printed per 1,000 messages;
+   - then (--no-shape: not) PostgreSQL alone in each process count's produce shape
+     (bench/pg_shape.py): as many writer processes, the same messages a commit and rate, no
+     Ferry; its CPU a message against the one-process shape's, beside Ferry's: what of the
+     rise at more processes is PostgreSQL's own.
 5. prints one table with the targets beside the figures, and stops every process it started
    by its PID (Daphnes, Redis), removing the cgroups (always).
 
     scripts/with-postgres .venv/bin/python bench/postgres.py [--scale 0.2] [--only ...]
         [--processes 1,2,4] [--producers 16] [--warm 1] [--statements] [--no-balancer | --tls]
-        [--no-by-partition] [--by-key] [--figures FILE]
+        [--no-by-partition] [--by-key] [--no-shape] [--figures FILE]
 """
 
 import argparse
@@ -95,6 +99,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 import orjson
+import pg_shape
 from bare_asgi import BARE_SCHEMA
 from per_message import end_to_end, machine_ticks, start_bare, wait_bare
 from produce_fetch import (
@@ -1399,6 +1404,47 @@ def report(
     return "\n".join(lines)
 
 
+SHAPE_ROUNDS, SHAPE_SECONDS = 3, 6.0
+
+
+def alone_shapes(scale: list[Scale]) -> list[pg_shape.Shape]:
+    """Each process count's first produce phase (keys spread): its processes as writers, its
+    messages a transaction and its rate."""
+    shapes: dict[int, pg_shape.Shape] = {}
+    for s in scale:
+        c = s.produce
+        if s.processes not in shapes and c.xids:
+            size = max(1, round(c.messages / c.xids))
+            shapes[s.processes] = pg_shape.Shape(f"x{s.processes}", s.processes, size, c.rate)
+    return list(shapes.values())
+
+
+def alone_lines(scale: list[Scale], alone: dict[str, list[pg_shape.Result]]) -> list[str]:
+    """PostgreSQL's CPU a message alone against Ferry's, each ÷ its one-process phase's."""
+    ferry = {s.processes: s.produce for s in reversed(scale)}  # each count's first phase
+    base_n = scale[0].processes
+    base = pg_shape.medians(alone[f"x{base_n}"]).postgres_per_1k
+    lines = [
+        "",
+        f"  PostgreSQL alone in the produce's shape (bench/pg_shape.py; medians of "
+        f"{SHAPE_ROUNDS} rounds of {SHAPE_SECONDS:.0f} s): the same writers, messages a commit "
+        "and rate, no Ferry",
+        "  processes  msgs a commit   msgs/s  PG CPU s/1k alone (÷ x1)  Ferry's PG CPU ÷ x1",
+    ]
+    for label, results in alone.items():
+        n = int(label[1:])
+        m = pg_shape.medians(results)
+        shape_size = round(1000 / m.transactions_per_1k) if m.transactions_per_1k else 0
+        ferry_ratio = ferry[n].per_1k(ferry[n].postgres_cpu) / ferry[base_n].per_1k(
+            ferry[base_n].postgres_cpu
+        )
+        lines.append(
+            f"  x{n:<9}{shape_size:>14}{m.rate:>9,.0f}{m.postgres_per_1k:>13.4f} "
+            f"({m.postgres_per_1k / base:.2f}x){ferry_ratio:>22.2f}x"
+        )
+    return lines
+
+
 def paired_lines(scale: list[Scale]) -> list[str]:
     """With the process counts repeated (--processes 1,4,1,4,1,4), each phase's ratios against
     the one-process phase just before it, and their medians: the machine's load swings a
@@ -1522,6 +1568,13 @@ def main() -> int:
         help="HAProxy ends TLS (FERRY_LB_CERT, a self-signed certificate from scripts/haproxy "
         "cert) and the scale-out's clients verify it",
     )
+    parser.add_argument(
+        "--shape",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="after the scale-out, PostgreSQL alone appending in each process count's shape: "
+        "writers, messages a commit and rate of its produce (bench/pg_shape.py; default)",
+    )
     args = parser.parse_args()
     if args.tls and not args.balancer:
         parser.error("--tls is HAProxy's: it needs the balancer (drop --no-balancer)")
@@ -1550,6 +1603,7 @@ def main() -> int:
         )
         connections.close_all()
         ref = single = None
+        alone: dict[str, list[pg_shape.Result]] | None = None
         bare: dict[str, Counted] | None = None
         scale: list[Scale] | None = None
         skipped = None
@@ -1570,6 +1624,12 @@ def main() -> int:
                 redis_dir, redis_url = start_redis(tmp)
                 progress(f"redis at {redis_url}")
                 scale = scale_out(args, tmp, secret, url, postmaster, redis_url)
+                if args.shape:
+                    progress("PostgreSQL alone in the scale-out's shapes (bench/pg_shape.py)")
+                    shapes = alone_shapes(scale)
+                    alone = pg_shape.measure(
+                        url, lambda: postgres_cpu(postmaster), shapes, SHAPE_ROUNDS, SHAPE_SECONDS
+                    )
             else:
                 progress(f"scale-out skipped: {skipped}")
         load = os.getloadavg()
@@ -1605,6 +1665,8 @@ def main() -> int:
             ),
             flush=True,
         )
+        if scale and alone:
+            print("\n".join(alone_lines(scale, alone)), flush=True)
         ok = True
         return 0
     finally:
