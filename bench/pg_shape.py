@@ -21,6 +21,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from pg_server import postgres_cpu, postmaster_pid
+
 PARTITIONS = 4
 VALUE = b'"' + b"x" * 254 + b'"'
 TABLES = """
@@ -185,8 +187,6 @@ SESSION_43 = [
 
 
 def main() -> int:
-    from postgres import postgres_cpu, postmaster_pid  # the bench's: not for the writers
-
     url = os.environ.get("DATABASE_URL", "")
     if not url.startswith("postgres"):
         sys.exit("needs PostgreSQL: scripts/with-postgres .venv/bin/python bench/pg_shape.py")

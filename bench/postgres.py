@@ -95,13 +95,14 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import httpx
 import orjson
 import pg_shape
 from bare_asgi import BARE_SCHEMA
 from per_message import end_to_end, machine_ticks, start_bare, wait_bare
+from pg_server import TICKS, data_directory, pg_connect, postgres_cpu, postmaster_pid, proc_stat
 from produce_fetch import (
     ROOT,
     VALUE,
@@ -147,7 +148,6 @@ TARGET_CONSUME_VS_SQLITE = 1.0
 TARGET_ROUND_TRIP_MS = 3.0
 TARGET_SCALE = {2: 1.8, 4: 3.2}
 TARGET_CPU_GROWTH = 0.15
-TICKS = os.sysconf("SC_CLK_TCK")
 CORES = os.cpu_count() or 1
 
 
@@ -165,48 +165,12 @@ def scaled(n: int, scale: float, least: int = 10) -> int:
 # --- CPU accounting ----------------------------------------------------------------------
 
 
-def _stat(pid: int) -> list[str]:
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-
-
-def postgres_cpu(postmaster: int) -> float:
-    """CPU seconds of the PostgreSQL server so far: the postmaster, its live children, and
-    the children that exited (the postmaster waited for them: its cutime and cstime)."""
-    fields = _stat(postmaster)
-    total = sum(int(fields[i]) for i in (11, 12, 13, 14))
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        with suppress(OSError, IndexError, ValueError):
-            child = _stat(int(entry.name))
-            if int(child[1]) == postmaster:
-                total += int(child[11]) + int(child[12])
-    return total / TICKS
-
-
 def bench_cpu() -> float:
     times = os.times()
     return times.user + times.system
 
 
 # --- PostgreSQL: the reference, the server's pid, statistics ------------------------------
-
-
-def pg_connect(url: str, dbname: str | None = None) -> Any:
-    import psycopg
-
-    conninfo = psycopg.conninfo.make_conninfo(url, dbname=dbname) if dbname else url
-    return psycopg.connect(conninfo, autocommit=dbname is not None)
-
-
-def data_directory(url: str) -> Path:
-    with pg_connect(url, "postgres") as conn:
-        return Path(conn.execute("SHOW data_directory").fetchone()[0])
-
-
-def postmaster_pid(url: str) -> int:
-    """The first line of postmaster.pid in the server's data directory."""
-    return int((data_directory(url) / "postmaster.pid").read_text().split()[0])
 
 
 def load_pg_stat_statements(url: str) -> None:
@@ -330,7 +294,7 @@ class ActivitySampler:
                         self.states[f"{wait_type}"] += 1
                     elif state == "idle in transaction":
                         self.states["idle in txn"] += 1
-            fields = _stat(backend)
+            fields = proc_stat(backend)
             self.own_cpu = (int(fields[11]) + int(fields[12])) / TICKS
 
     def __enter__(self) -> "ActivitySampler":

@@ -47,7 +47,7 @@ from pathlib import Path
 
 import httpx
 import orjson
-from postgres import postgres_cpu, postmaster_pid
+from pg_server import postgres_cpu, postmaster_pid
 from produce_fetch import (
     VALUE,
     command_line,
