@@ -121,8 +121,8 @@ def autovacuum_done(url: str, limit_s: float = 120.0) -> None:
     print(f"[bench] autovacuum still running after {limit_s:.0f} s", flush=True)
 
 
-def run(url: str, postgres_cpu: Callable[[], float], shape: Shape, seconds: float) -> Result:
-    """One phase: shape.writers processes for seconds; PostgreSQL's CPU over it (postgres_cpu:
+def run(url: str, server_cpu: Callable[[], float], shape: Shape, seconds: float) -> Result:
+    """One phase: shape.writers processes for seconds; PostgreSQL's CPU over it (server_cpu:
     the server's CPU seconds so far), once no autovacuum runs."""
     autovacuum_done(url)
     context = mp.get_context("spawn")
@@ -131,19 +131,19 @@ def run(url: str, postgres_cpu: Callable[[], float], shape: Shape, seconds: floa
         context.Process(target=writer, args=(url, shape, seconds, done))
         for _ in range(shape.writers)
     ]
-    cpu, started = postgres_cpu(), time.monotonic()
+    cpu, started = server_cpu(), time.monotonic()
     for proc in procs:
         proc.start()
     counts = [done.get(timeout=seconds + 60) for _ in procs]
     for proc in procs:
         proc.join(timeout=30)
-    wall, cpu = time.monotonic() - started, postgres_cpu() - cpu
+    wall, cpu = time.monotonic() - started, server_cpu() - cpu
     messages, transactions = sum(c[0] for c in counts), sum(c[1] for c in counts)
     return Result(messages / wall, transactions / messages * 1000, cpu / messages * 1000)
 
 
 def measure(
-    url: str, postgres_cpu: Callable[[], float], shapes: list[Shape], rounds: int, seconds: float
+    url: str, server_cpu: Callable[[], float], shapes: list[Shape], rounds: int, seconds: float
 ) -> dict[str, list[Result]]:
     """Each shape rounds times, every other round in the reverse order, on fresh tables."""
     import psycopg
@@ -153,7 +153,7 @@ def measure(
     results: dict[str, list[Result]] = {s.label: [] for s in shapes}
     for round_ in range(rounds):
         for shape in shapes if round_ % 2 == 0 else shapes[::-1]:
-            result = run(url, postgres_cpu, shape, seconds)
+            result = run(url, server_cpu, shape, seconds)
             results[shape.label].append(result)
             print(
                 f"[bench] PostgreSQL alone, {shape.label}: {result.rate:,.0f} msgs/s, "
