@@ -399,9 +399,11 @@ def insert_rows(
         return
     if vendor() == "postgresql":
         if len(rows) < PG_COPY_MIN_ROWS:
-            (run if now else functools.partial(defer, table=table))(
-                insert_sql(table, tuple(columns), len(rows)), [v for r in rows for v in r]
-            )
+            sql, params = insert_sql(table, tuple(columns), len(rows)), [v for r in rows for v in r]
+            if now:
+                run(sql, params)
+            else:
+                defer(sql, params, table=table)
             return
         copy_sql = f"COPY {table} ({_quoted(columns)}) FROM STDIN"
         db = connections[DEFAULT_DB_ALIAS]

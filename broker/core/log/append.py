@@ -234,12 +234,15 @@ def _append_in_transaction(
     """
     timestamp_ms = now_ms()
     results: list[AppendResult | None] = [None] * len(plan)
-    client_ids = {
-        p.message.client_id for p in plan if p.message.client_id is not None and p.due_ms is None
-    }
-    existing = (
-        known_ids(topic.id, client_ids, timestamp_ms) if client_ids and not ids_unseen else {}
-    )
+    existing: dict[str, tuple[int, int]] = {}
+    if not ids_unseen:  # unseen: not even the set of ids, a loop over the batch
+        client_ids = {
+            p.message.client_id
+            for p in plan
+            if p.message.client_id is not None and p.due_ms is None
+        }
+        if client_ids:
+            existing = known_ids(topic.id, client_ids, timestamp_ms)
     first_index: dict[str, int] = {}
     duplicate_of: dict[int, int] = {}
     to_store: list[int] = []
