@@ -1,6 +1,6 @@
 """The throwaway PostgreSQL server the benches run against: connections, its pid, its CPU.
 
-Shared by bench/postgres.py, bench/pg_shape.py and bench/produce_ids.py.
+Shared by bench/postgres.py, bench/pg_shape.py, bench/produce_ids.py and bench/produce_fetch.py.
 """
 
 import os

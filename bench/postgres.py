@@ -102,7 +102,7 @@ import orjson
 import pg_shape
 from bare_asgi import BARE_SCHEMA
 from per_message import end_to_end, machine_ticks, start_bare, wait_bare
-from pg_server import TICKS, data_directory, pg_connect, postgres_cpu, postmaster_pid, proc_stat
+from pg_server import TICKS, data_directory, pg_connect, postgres_cpu, postmaster_pid
 from produce_fetch import (
     ROOT,
     VALUE,
@@ -294,8 +294,7 @@ class ActivitySampler:
                         self.states[f"{wait_type}"] += 1
                     elif state == "idle in transaction":
                         self.states["idle in txn"] += 1
-            fields = proc_stat(backend)
-            self.own_cpu = (int(fields[11]) + int(fields[12])) / TICKS
+            self.own_cpu = cpu_seconds(backend)
 
     def __enter__(self) -> "ActivitySampler":
         self._thread.start()
@@ -1399,9 +1398,7 @@ def alone_lines(scale: list[Scale], alone: dict[str, list[pg_shape.Result]]) -> 
         n = int(label[1:])
         m = pg_shape.medians(results)
         shape_size = round(1000 / m.transactions_per_1k) if m.transactions_per_1k else 0
-        ferry_ratio = ferry[n].per_1k(ferry[n].postgres_cpu) / ferry[base_n].per_1k(
-            ferry[base_n].postgres_cpu
-        )
+        ferry_ratio = ferry[n].against(ferry[base_n])[2]
         lines.append(
             f"  x{n:<9}{shape_size:>14}{m.rate:>9,.0f}{m.postgres_per_1k:>13.4f} "
             f"({m.postgres_per_1k / base:.2f}x){ferry_ratio:>22.2f}x"

@@ -36,6 +36,7 @@ from typing import Any
 
 import httpx
 import orjson
+from pg_server import TICKS, proc_stat
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -61,8 +62,8 @@ HEALTH_TIMEOUT_S = 30.0
 
 def cpu_seconds(pid: int) -> float:
     """User + system CPU of a process so far (its threads included), from /proc/<pid>/stat."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    fields = proc_stat(pid)
+    return (int(fields[11]) + int(fields[12])) / TICKS
 
 
 def progress(text: str) -> None:

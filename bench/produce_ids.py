@@ -59,6 +59,7 @@ from produce_fetch import (
     stop_daphne,
     wait_healthy,
 )
+from websocket import percentile
 
 PRODUCERS, REQUESTS, BATCH, PARTITIONS = 16, 30, 100, 4
 CHECKED_TABLES = ("broker_message", "broker_producedid")
@@ -145,11 +146,6 @@ def produce_round(
     return time.perf_counter() - started, took
 
 
-def percentile_ms(took: list[float], fraction: float) -> float:
-    ordered = sorted(took)
-    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))] * 1000
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--rounds", type=int, default=4, help="pairs of rounds (default 4)")
@@ -216,7 +212,8 @@ def main() -> int:
                 seconds, took = produce_round(url, headers, topic, ids, ID_MAKERS[args.ids], shape)
                 broker = (cpu_seconds(proc.pid) - broker) / count * 1000
                 pg = (postgres_cpu(postmaster) - pg) / count * 1000 if postmaster else 0.0
-                p50, p99 = percentile_ms(took, 0.5), percentile_ms(took, 0.99)
+                took.sort()
+                p50, p99 = percentile(took, 0.5) * 1000, percentile(took, 0.99) * 1000
                 results[(ids, enabled)].append((count / seconds, broker, pg, p50, p99))
                 print(
                     f"[bench] ids {'on ' if ids else 'off'} triggers {'on ' if enabled else 'off'}"
