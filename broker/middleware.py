@@ -1,6 +1,8 @@
-"""API middleware: the JSON error shape, and the budget of bodies being parsed (docs/api.md)."""
+"""Middleware: the JSON error shape, outages outside the API, and the budget of bodies being
+parsed (docs/api.md)."""
 
 import gc
+import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -9,9 +11,13 @@ from asgiref.sync import iscoroutinefunction
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 from django.utils.decorators import sync_and_async_middleware
+from django.utils.deprecation import MiddlewareMixin
 
 from broker import api
 from broker import settings as ferry_settings
+from broker.core import outages
+
+logger = logging.getLogger(__name__)
 
 
 @sync_and_async_middleware
@@ -34,6 +40,25 @@ def api_json_errors(get_response: Callable) -> Callable:
         return api.json_errors_for_api(request, response)
 
     return middleware
+
+
+class OutageErrors(MiddlewareMixin):
+    """Pages outside the API (the console, the admin, /metrics) answer an outage as the API does.
+
+    A database that cannot be reached is 503 `unavailable`, a full disk 507
+    `insufficient_storage`, as JSON with Retry-After (docs/operations.md): never Django's HTML
+    500 page, and one log line instead of a traceback a request. The console shows the message
+    above the page (static/console/console.js). Only process_exception: MiddlewareMixin then
+    adds no thread hop to the API's async views.
+    """
+
+    def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponse | None:
+        outage = outages.classify(exception)
+        if outage is None:
+            return None
+        logger.warning("%s %s: %s (%s)", request.method, request.path, outage.code, exception)
+        outages.drop_if_broken()
+        return api.on_broker_error(request, outage)
 
 
 def _run_again(request: HttpRequest) -> bool:

@@ -16,7 +16,7 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from typing_extensions import override
 
 from broker import settings as ferry_settings
-from broker.core import activity, dbthreads
+from broker.core import activity, dbthreads, outages
 from dashboard import access
 
 logger = logging.getLogger(__name__)
@@ -53,9 +53,14 @@ class Watcher:
         while self.listeners:
             try:
                 current = await dbthreads.run(activity.fingerprint)
-            except Exception:
+            except Exception as exc:
                 # A failed read (database restarting) skips one tick; pages keep what they show.
-                logger.exception("console live check failed")
+                # An outage is a line a tick, not a traceback; anything else is a bug.
+                line = outages.outage_line("console live check", exc)
+                if line is None:
+                    logger.exception("console live check failed")
+                else:
+                    logger.warning(line)
             else:
                 changed = current.changed_since(last)
                 last = current

@@ -91,6 +91,7 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "broker.middleware.api_json_errors",
+    "broker.middleware.OutageErrors",
 ]
 
 ROOT_URLCONF = "mqsite.urls"

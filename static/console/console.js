@@ -81,6 +81,40 @@
     return !el.contains(document.activeElement) || document.activeElement === document.body;
   };
 
+  // In an outage a live refresh is answered 503 (or 507) with the API's JSON error
+  // (docs/console-ui.md#outages): the region keeps what it showed, and a notice above the page
+  // says why it stands still, until a refresh succeeds again.
+  function outageNotice(message) {
+    let notice = document.getElementById("outage");
+    if (!message) {
+      if (notice) notice.remove();
+      return;
+    }
+    if (!notice) {
+      notice = document.createElement("div");
+      notice.id = "outage";
+      notice.className = "flash flash-error";
+      notice.setAttribute("role", "alert");
+      notice.dataset.testid = "outage";
+      const flash = document.getElementById("flash");
+      if (!flash) return;
+      flash.prepend(notice);
+    }
+    notice.textContent = message + " This page shows what it last read, and refreshes by itself.";
+  }
+  document.addEventListener("htmx:responseError", function (event) {
+    const xhr = event.detail.xhr;
+    if (!xhr || (xhr.status !== 503 && xhr.status !== 507)) return;
+    let message = "The broker cannot reach its database.";
+    try {
+      message = JSON.parse(xhr.responseText).error.message || message;
+    } catch (e) { /* not the JSON error: keep the plain message */ }
+    outageNotice(message);
+  });
+  document.addEventListener("htmx:afterRequest", function (event) {
+    if (event.detail.successful) outageNotice(null);
+  });
+
   // "Select all" boxes tick every box named by data-select-all.
   document.addEventListener("change", function (event) {
     const box = event.target;

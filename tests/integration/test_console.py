@@ -8,6 +8,7 @@ With FERRY_SCREENSHOT_DIR set (scripts/screenshots), every page is saved there a
 
 import asyncio
 import contextlib
+import json
 import os
 import subprocess
 import time
@@ -157,6 +158,50 @@ def test_console__who_may_see_and_act(browser: Browser, console_url: str) -> Non
     )
     assert refused.status == 403
     viewer.close()
+
+
+# The server's answer to any console URL while its database is away (tests/dashboard/
+# test_outages.py, and tests/integration/test_faults.py with PostgreSQL stopped).
+OUTAGE = {
+    "error": {
+        "code": "unavailable",
+        "message": "The broker cannot reach its database. Retry after 1 s; "
+        "a retry with the same message ids is safe.",
+        "detail": {"retry_after": 1, "dependency": "database"},
+    }
+}
+
+
+def test_console__a_refresh_answered_503_shows_the_outage_until_one_succeeds(
+    browser: Browser, console_url: str
+) -> None:
+    """The page keeps what it showed and says why it stands still (docs/console-ui.md#outages).
+
+    Here the browser's answer to one live refresh is the outage's 503, as the server sends it.
+    """
+    make_user("watcher", perms=("view_console",))
+    page = log_in(browser, console_url, "watcher")
+    expect(page.locator("#live-status")).to_have_text("live")
+    expect(page.get_by_test_id("overview-live")).to_be_visible()
+    refresh = "document.body.dispatchEvent(new CustomEvent('ferry:update', {detail: {}}))"
+    page.route(
+        "**/live/overview/",
+        lambda route: route.fulfill(
+            status=503,
+            content_type="application/json",
+            headers={"Retry-After": "1"},
+            body=json.dumps(OUTAGE),
+        ),
+    )
+    page.evaluate(refresh)
+    expect(page.get_by_test_id("outage")).to_contain_text("cannot reach its database")
+    expect(page.get_by_test_id("overview-live")).to_be_visible()
+    screenshot(page, "outage")
+
+    page.unroute("**/live/overview/")
+    page.evaluate(refresh)
+    expect(page.get_by_test_id("outage")).to_have_count(0)
+    page.close()
 
 
 def wait_for(condition: Any, what: str) -> None:

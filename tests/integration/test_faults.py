@@ -37,7 +37,7 @@ import psycopg
 import pytest
 import websockets
 
-from tests.integration.conftest import ROOT, free_port, server_log, start_daphne, stop
+from tests.integration.conftest import ROOT, free_port, server_log, sign_in, start_daphne, stop
 
 pytestmark = [
     pytest.mark.integration,
@@ -653,6 +653,15 @@ def test_postgres_stopped__json_errors_then_back_by_itself(production):
         assert answer.json()["error"]["code"] == "unavailable"
         assert answer.json()["error"]["detail"]["dependency"] == "database"
         assert answer.headers["Retry-After"] == "1"
+        # The console's sign-in and /metrics answer as the API does (docs/console-ui.md#outages).
+        url = production.urls[0]
+        with httpx.Client(base_url=url, timeout=10) as browser:
+            signing_in = sign_in(browser, "olga", "pw", url)
+            scraped = browser.get("/metrics")
+        for page in (signing_in, scraped):
+            assert page.status_code == 503, page.text[:300]
+            assert page.json()["error"]["code"] == "unavailable"
+            assert page.headers["Retry-After"] == "1"
 
     figures = run_scenario(
         production,
