@@ -8,6 +8,7 @@ from collections import Counter
 import orjson
 import pytest
 from django.db import connections
+from django.db.models import Min
 
 from broker import models
 from broker.core import delivery, keys, log, membership, transactions
@@ -153,3 +154,51 @@ def test_run_checks__each_transaction_checked_by_one_runner(topic_factory):
         run_threads(lambda n: transactions.run_checks(), 3)
     assert dict(asked) == dict.fromkeys(ids, 1)
     assert all(transactions.get_transaction(keys.CONSOLE, i).checks == 1 for i in ids)
+
+
+def test_run_checks__lease_expired_mid_round_each_transaction_asked_once(topic_factory, settings):
+    """A round of slow callbacks outlasts its claim's lease and a second runner starts then:
+    each transaction is still asked once and counted once (docs/transactions.md#check-back)."""
+    settings.FERRY_TRANSACTION_CHECK_TIMEOUT_SECONDS = 1  # the claim's lease: 3 s
+    settings.FERRY_TRANSACTION_CHECK_BACKOFF_MS = 60_000  # nothing is due twice in the round
+    topic = topic_factory().name
+    asked: Counter[int] = Counter()
+    lock = threading.Lock()
+
+    def check(request):
+        with lock:
+            asked[request.transaction_id] += 1
+        time.sleep(0.3)  # 16 of them, one after another: past the 3 s lease
+        return "unknown"
+
+    with CheckBackServer(check) as server:
+        ids = []
+        for n in range(16):
+            t = transactions.begin_transaction(keys.CONSOLE, f"s{n}", 60_000, server.url)
+            transactions.add_messages(keys.CONSOLE, t.id, topic, [NewMessage(b"1")])
+            ids.append(t.id)
+        models.Transaction.objects.update(deadline_ms=log.now_ms() - 1)
+        done = {}
+        late: list[int] = []
+
+        def runner(n):
+            if n == 1:
+                # Second runner: starts once the first one's claim lease has run out.
+                deadline = time.monotonic() + 5
+                while not asked and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                # The claim's lease (of those the first runner has not reached yet).
+                lease = models.Transaction.objects.filter(id__in=ids).aggregate(
+                    until=Min("checking_until_ms")
+                )["until"]
+                while log.now_ms() <= lease + 100 and time.monotonic() < deadline:
+                    time.sleep(0.02)
+                late.append(sum(asked.values()))
+            done[n] = transactions.run_checks()
+
+        run_threads(runner, 2)
+    # The second runner started while the first was still asking, and took part of its round.
+    assert 0 < late[0] < len(ids)
+    assert done[1].checked > 0
+    assert dict(asked) == dict.fromkeys(ids, 1)
+    assert [transactions.get_transaction(keys.CONSOLE, i).checks for i in ids] == [1] * len(ids)

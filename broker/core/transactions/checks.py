@@ -1,8 +1,9 @@
 """Timeouts and check-back: the check_transactions job (docs/transactions.md#check-back).
 
-Open transactions past their timeout are claimed with SKIP LOCKED and a short lease, so one
-runner checks each at a time; the callback is called with no lock held, and its answer applied
-under the transaction's row lock (a producer's own commit in between wins).
+Open transactions past their timeout are claimed with SKIP LOCKED and a short lease, renewed
+just before each callback, so one runner checks each at a time; the callback is called with no
+lock held, and its answer applied under the transaction's row lock (a producer's own commit in
+between wins).
 """
 
 import json
@@ -63,9 +64,17 @@ def _ask(row: models.Transaction) -> tuple[str, str]:
     return answer, f"check answered {answer}"
 
 
+def _lease_ms() -> int:
+    # Outlasts one ask (bounded by its timeout) and its resolve.
+    return int(float(ferry_settings.get("TRANSACTION_CHECK_TIMEOUT_SECONDS")) * 2000) + 1000
+
+
 def _claim_checks(now: int) -> list[models.Transaction]:
-    """Open transactions past their deadline whose check is due, held by this runner a while."""
-    lease_ms = int(float(ferry_settings.get("TRANSACTION_CHECK_TIMEOUT_SECONDS")) * 2000) + 1000
+    """Open transactions past their deadline whose check is due, held by this runner a while.
+
+    Each returned row's checking_until_ms is the lease this runner holds it by (see _renew).
+    """
+    lease_ms = _lease_ms()
     with transaction.atomic(durable=True):
         # SKIP LOCKED: each transaction is checked by one runner at a time (the lease).
         claimed = list(
@@ -79,7 +88,25 @@ def _claim_checks(now: int) -> list[models.Transaction]:
         models.Transaction.objects.filter(id__in=[r.id for r in claimed]).update(
             checking_until_ms=now + lease_ms
         )
+    for row in claimed:
+        row.checking_until_ms = now + lease_ms
     return claimed
+
+
+def _renew(row: models.Transaction) -> bool:
+    """Extend this runner's lease on row for one ask; False if it lost the lease (or row ended).
+
+    A round of slow callbacks may outlast the claim's lease, and another runner claim the rest:
+    the conditional update makes sure only the lease's holder asks (each call counts once).
+    """
+    until = log.now_ms() + _lease_ms()
+    with transaction.atomic(durable=True):
+        renewed = models.Transaction.objects.filter(
+            id=row.id, state=State.OPEN, checking_until_ms=row.checking_until_ms
+        ).update(checking_until_ms=until)
+    if renewed:
+        row.checking_until_ms = until
+    return bool(renewed)
 
 
 def _resolve(claimed: models.Transaction, answer: str, what: str, tally: dict[str, int]) -> None:
@@ -89,6 +116,8 @@ def _resolve(claimed: models.Transaction, answer: str, what: str, tally: dict[st
             row = models.Transaction.objects.select_for_update().filter(id=claimed.id).first()
             if row is None or row.state != State.OPEN:
                 return  # its producer (or an operator) ended it meanwhile
+            if row.checking_until_ms != claimed.checking_until_ms:
+                return  # our lease ran out and another runner asks now: its answer counts
             row.checks += 1
             row.last_check = what
             if answer == "commit":
@@ -109,7 +138,11 @@ def _resolve(claimed: models.Transaction, answer: str, what: str, tally: dict[st
         # The callback said commit and the commit failed (a full topic): count it as a check.
         with transaction.atomic(durable=True):
             row = models.Transaction.objects.select_for_update().filter(id=claimed.id).first()
-            if row is not None and row.state == State.OPEN:
+            if (
+                row is not None
+                and row.state == State.OPEN
+                and row.checking_until_ms == claimed.checking_until_ms
+            ):
                 row.checks += 1
                 row.last_check = f"commit failed: {exc.code}: {exc.message}"[:500]
                 _after_unknown(row, now, tally)
@@ -165,14 +198,17 @@ def run_checks() -> TransactionCheck:
     promoted = outbox.promote_prepared()
     rolled_back = _roll_back_timed_out(now)
     tally = {"committed": 0, "rolled_back": 0}
-    claimed = _claim_checks(now)
-    for row in claimed:
+    checked = 0
+    for row in _claim_checks(now):
+        if not _renew(row):
+            continue  # another runner holds it now, or it ended
         answer, what = _ask(row)
         _resolve(row, answer, what, tally)
+        checked += 1
     return TransactionCheck(
         committed=tally["committed"],
         rolled_back=rolled_back + tally["rolled_back"],
-        checked=len(claimed),
+        checked=checked,
         promoted=promoted,
         purged=_purge_ended(now),
     )
