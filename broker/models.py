@@ -304,6 +304,10 @@ class InFlight(models.Model):
     attempt = models.PositiveIntegerField(default=1)
     deadline_ms = models.BigIntegerField()
     last_error = models.TextField(default="", blank=True)
+    # A redrive's retry: delivered even past the topic's TTL, as RabbitMQ removes a dead-lettered
+    # message's expiration. Always a single row (a redrive makes one per letter, and only runs
+    # are carved or split), so the raw inserts of pieces leave it to the database default.
+    redriven = models.BooleanField(default=False, db_default=False)
 
     class Meta:
         constraints = [

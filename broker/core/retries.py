@@ -337,8 +337,9 @@ def redrive_dead_letters(
 ) -> RedriveResult:
     """Send dead letters back to their group: one, a selection (ids), or all that match.
 
-    A redriven message is redelivered to the group at once with a fresh attempt count; one whose
-    original retention already removed stays in the queue and is reported as missing.
+    A redriven message is redelivered to the group at once with a fresh attempt count, even past
+    its topic's TTL. One whose original retention already removed, or that a plain poll (which
+    takes no retries) has moved the group past, stays in the queue and is reported as missing.
     """
     now = log.now_ms()
     with transaction.atomic(durable=True):
@@ -384,6 +385,13 @@ def redrive_in_transaction(
         if p is None or letter.offset < p.start_offset or position is None:
             missing.append(letter.id)
             continue
+        if position.delivered_offset < position.committed_offset and (
+            letter.offset < position.committed_offset
+        ):
+            # A plain poll moved the group past it, and a plain poll takes no retries: only a
+            # reset of the group's offset reads it again. It stays in the queue, reported.
+            missing.append(letter.id)
+            continue
         done.append(letter.id)
         redriven += 1
         events.append(
@@ -413,6 +421,7 @@ def redrive_in_transaction(
                 token=token,
                 attempt=0,
                 deadline_ms=now,
+                redriven=True,
             )
         )
     # A message already back in flight (redriven twice) keeps its row.

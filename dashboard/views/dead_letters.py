@@ -141,7 +141,8 @@ def redrive_start(request: HttpRequest) -> HttpResponse:
             lambda r: (
                 f"Redrove dead letter {one}."
                 if r.redriven
-                else f"Dead letter {one} was not redriven: retention removed its message."
+                else f"Dead letter {one} was not redriven: retention removed its message, or "
+                "the group polls without members and has read past it (reset its offsets)."
             ),
         )
         return _back(filters)

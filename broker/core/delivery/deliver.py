@@ -405,7 +405,11 @@ class _Batch:
     def room(self) -> int:
         return self.max_messages - len(self.deliveries)
 
-    def _expired(self, m: StoredMessage) -> bool:
+    def _expired(self, m: StoredMessage, row: models.InFlight | None = None) -> bool:
+        """Whether m is past the topic's TTL; a redriven retry (row) never is: a dead letter's
+        expiration is removed, as RabbitMQ does (docs/semantics.md#message-ttl)."""
+        if row is not None and row.redriven:
+            return False
         ttl = self.topic.message_ttl_ms
         return ttl is not None and m.timestamp_ms + ttl < self.now
 
@@ -486,7 +490,7 @@ class _Batch:
                 # Retention or drop_oldest removed it before the group settled it: it is
                 # dead-lettered by its coordinates, never dropped without a record.
                 gone.append(row)
-            elif self._expired(m):
+            elif self._expired(m, row):
                 expired.append(row)
             elif self.room > 0:
                 self._redeliver(row)
@@ -518,7 +522,7 @@ class _Batch:
         messages = found[run.partition_id]
         for offset in range(run.offset, spans[run.id] + 1):
             m = messages.get(offset)
-            if m is None or self._expired(m):
+            if m is None or self._expired(m, run):
                 return False
         return True
 
