@@ -396,6 +396,7 @@ def group_topic_out(offsets: GroupTopicOffsets) -> dict[str, Any]:
                 "in_flight": p.in_flight,
                 "retry_waiting": p.retry_waiting,
                 "filtered": p.filtered,
+                "skipped_by_retention": p.skipped_by_retention,
             }
             for p in offsets.partitions
         ],

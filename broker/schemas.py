@@ -438,6 +438,11 @@ class PartitionLagOut(Schema):
     in_flight: int = Field(description="Delivered to a member and not settled yet.")
     retry_waiting: int = Field(0, description="Nacked or past their deadline, waiting to retry.")
     filtered: int = Field(description="Messages the subscription filter skipped, all time.")
+    skipped_by_retention: int = Field(
+        0,
+        description="Messages retention removed before the group settled them (start_offset "
+        "less the group's stored committed offset); the group reads on from start_offset.",
+    )
 
 
 class GroupTopicOut(Schema):

@@ -190,6 +190,9 @@ class PartitionLag:
     filtered: int = 0
     # Nacked or past their deadline, waiting for their retry (acknowledged delivery only).
     retry_waiting: int = 0
+    # Messages retention removed before the group settled them: its committed offset was behind
+    # the start offset, and it reads on from there (DESIGN.md: Retention). Until it commits past.
+    skipped_by_retention: int = 0
 
     @property
     def lag(self) -> int:
@@ -234,6 +237,10 @@ class GroupTopicOffsets:
     @property
     def retry_waiting(self) -> int:
         return sum(p.retry_waiting for p in self.partitions)
+
+    @property
+    def skipped_by_retention(self) -> int:
+        return sum(p.skipped_by_retention for p in self.partitions)
 
 
 @dataclass(frozen=True)

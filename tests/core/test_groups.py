@@ -75,6 +75,11 @@ def test_poll_messages__behind_retention_moves_to_start(topic_factory, console):
     assert offsets_of(result) == [(0, 3), (0, 4)]
     lag = groups.describe_group(console, "g").topics[0].partitions[0]
     assert (lag.committed_offset, lag.start_offset, lag.lag) == (3, 3, 2)
+    # Visible until the group commits past the start offset (DESIGN.md: Retention).
+    assert lag.skipped_by_retention == 3
+    assert groups.describe_group(console, "g").topics[0].skipped_by_retention == 3
+    groups.commit_offsets(console, "g", topic.name, {0: 4})
+    assert groups.describe_group(console, "g").topics[0].partitions[0].skipped_by_retention == 0
 
 
 def test_commit_offsets__then_poll_continues(topic_factory, console):

@@ -194,3 +194,24 @@ def test_topics__deletion_in_progress_shown(admin_client, topic_factory, console
     assert b"<strong>scratch</strong>" in page.content
     topics.run_topic_deletions()
     assert b"topic-deletions" not in admin_client.get("/topics/").content
+
+
+@pytest.mark.django_db
+def test_group_page__shows_what_retention_removed_before_the_group_read_it(
+    viewer, api_client, topic_factory
+):
+    """DESIGN.md, Retention: a consumer behind the start offset is moved to it, visibly."""
+    topic_factory("short", capacity=2, overflow_policy="drop_oldest")
+    commit = {"topic": "short", "offsets": [{"partition": 0, "offset": 0}]}
+    api_client.post("/api/v1/groups/late/commit", commit, content_type="application/json")
+    produce = {"messages": [{"value": n} for n in range(5)]}
+    api_client.post("/api/v1/topics/short/messages", produce, content_type="application/json")
+
+    page = viewer.get("/groups/late/live/").content.decode()
+
+    assert 'data-testid="skipped-by-retention"' in page
+    assert "3 skipped by retention" in page
+    assert "Retention removed 3 messages of short before this group settled them" in page
+    caught_up = {"topic": "short", "offsets": [{"partition": 0, "offset": 4}]}
+    api_client.post("/api/v1/groups/late/commit", caught_up, content_type="application/json")
+    assert "skipped by retention" not in viewer.get("/groups/late/live/").content.decode()

@@ -47,6 +47,7 @@ def _group_topic_offsets(
                 retry_waiting=in_flight.get(
                     (row.group_id, row.partition_id, row.subscriber, waiting), 0
                 ),
+                skipped_by_retention=max(0, row.partition.start_offset - row.committed_offset),
             )
             for row in sorted(rows, key=lambda r: r.partition.number)
         ),
@@ -114,6 +115,7 @@ def _offsets_by_group(
                         in_flight=in_flight.get((group_id, pid, subscriber, delivered), 0),
                         filtered=filtered,
                         retry_waiting=in_flight.get((group_id, pid, subscriber, waiting), 0),
+                        skipped_by_retention=max(0, start - committed),
                     )
                     for *_, pid, number, start, end, committed, filtered in topic_rows
                 ),
