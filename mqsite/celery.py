@@ -1,15 +1,24 @@
 """The Celery app: Redis broker, beat schedule built from broker/core/periodic.py."""
 
 import os
+from typing import TYPE_CHECKING
 
 from celery import Celery
 from celery.signals import celeryd_init, worker_ready
+
+if TYPE_CHECKING:
+    from broker.core import periodic
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "mqsite.settings")
 
 app = Celery("mqsite")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks(["broker"])
+
+
+def expiry_seconds(job: "periodic.Job") -> float:
+    """How long a job's message waits for a worker: its interval, at least a second."""
+    return max(1.0, job.interval_seconds)
 
 
 @app.on_after_configure.connect
@@ -21,6 +30,9 @@ def build_beat_schedule(sender: Celery, **kwargs: object) -> None:
             "task": "broker.run_periodic_job",
             "schedule": job.interval_seconds,
             "args": (job.name,),
+            # A round nobody took within its interval is superseded by the next: a worker back
+            # after an outage runs each job once, not the backlog beat sent meanwhile.
+            "options": {"expires": expiry_seconds(job)},
         }
         for job in periodic.JOBS
     }

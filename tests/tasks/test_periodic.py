@@ -22,6 +22,8 @@ def test_beat_schedule__one_entry_per_job():
     for job in periodic.JOBS:
         assert schedule[job.name]["task"] == "broker.run_periodic_job"
         assert schedule[job.name]["args"] == (job.name,)
+        # Rounds beat sent while no worker took them do not pile up in Redis (docs/operations.md).
+        assert schedule[job.name]["options"] == {"expires": max(1.0, job.interval_seconds)}
 
 
 def test_run_periodic_job__applies_retention(topic_factory, console):
