@@ -46,6 +46,7 @@ class Runner:
             for job in self.jobs:
                 if time.monotonic() < next_run[job.name]:
                     continue
+                error = ""
                 try:
                     result = job.run()
                     if result:
@@ -53,6 +54,11 @@ class Runner:
                 except Exception as exc:
                     # One failing round must not stop the scheduler; the next round retries.
                     _log_failure(f"background job {job.name}", exc)
+                    error = f"{type(exc).__name__}: {exc}"
+                try:
+                    processes.record_job_run(job.name, error)
+                except Exception as exc:
+                    _log_failure(f"recording background job {job.name}", exc)
                 finally:
                     close_old_connections()
                 next_run[job.name] = time.monotonic() + job.interval_seconds

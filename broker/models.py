@@ -488,6 +488,19 @@ class BrokerProcess(models.Model):
         return self.name
 
 
+class JobRun(models.Model):
+    """A background job's last runs by any process (core/processes.record_job_run)."""
+
+    name = models.CharField(max_length=100, unique=True)  # core/periodic.py's job name
+    ok_ms = models.BigIntegerField(null=True)
+    ok_by = models.CharField(max_length=200, default="")  # host:pid
+    failed_ms = models.BigIntegerField(null=True)
+    error = models.TextField(default="")
+
+    def __str__(self) -> str:
+        return self.name
+
+
 class RedriveJob(models.Model):
     """A throttled redrive of dead letters in the background, with its progress."""
 

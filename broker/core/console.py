@@ -13,7 +13,7 @@ from django.db.models import Count, F, Sum
 
 from broker import models
 from broker import settings as ferry_settings
-from broker.core import browse, errors, groups, keys
+from broker.core import browse, errors, groups, keys, log, periodic
 from broker.core.records import GroupTopicTotals, Principal
 
 
@@ -189,3 +189,60 @@ def pipeline_stats(
         if figure is not None and figure.minute not in newest:
             newest[figure.minute] = figure
     return tuple(sorted(newest.values(), key=lambda f: f.minute, reverse=True)[:limit])
+
+
+@dataclass(frozen=True)
+class JobState:
+    """A background job as the overview shows it: its last runs by any process, and whether it
+    runs as often as it should (docs/console-ui.md#what-each-page-shows)."""
+
+    name: str
+    interval_s: float
+    last_ok_ms: int | None
+    last_ok_by: str
+    last_failed_ms: int | None
+    last_error: str
+    # ok | failing (its last run failed) | late (no run for a while) | waiting (none yet)
+    state: str
+
+
+def _late_after_ms(job: periodic.Job) -> float:
+    # A process writes a job's successes once a heartbeat interval (processes.record_job_run),
+    # so a job is late only when it missed a few rounds beyond that: with a Celery worker or
+    # beat stopped, every job turns late.
+    heartbeat_s = float(ferry_settings.get("PROCESS_HEARTBEAT_SECONDS"))
+    return (3 * job.interval_seconds + 2 * heartbeat_s) * 1000
+
+
+def job_states() -> tuple[JobState, ...]:
+    """Every job of core/periodic.py's table, from the runs the processes recorded."""
+    now = log.now_ms()
+    runs = {run.name: run for run in models.JobRun.objects.all()}
+    # Until some process has been up longer than a job's lateness, no run yet is no news.
+    first_start = min(
+        models.BrokerProcess.objects.values_list("started_ms", flat=True), default=now
+    )
+    states = []
+    for job in periodic.JOBS:
+        run = runs.get(job.name)
+        ok_ms = run.ok_ms if run else None
+        failed_ms = run.failed_ms if run else None
+        late_after = _late_after_ms(job)
+        if failed_ms is not None and (ok_ms is None or failed_ms > ok_ms):
+            state = "failing"
+        elif ok_ms is not None:
+            state = "ok" if now - ok_ms <= late_after else "late"
+        else:
+            state = "late" if now - first_start > late_after else "waiting"
+        states.append(
+            JobState(
+                name=job.name,
+                interval_s=job.interval_seconds,
+                last_ok_ms=ok_ms,
+                last_ok_by=run.ok_by if run else "",
+                last_failed_ms=failed_ms,
+                last_error=run.error if run else "",
+                state=state,
+            )
+        )
+    return tuple(states)

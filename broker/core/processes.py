@@ -1,4 +1,5 @@
-"""Broker processes: each server and worker heartbeats its row; the overview lists them.
+"""Broker processes: each server and worker heartbeats its row; the overview lists them, and
+the background jobs' last runs (record_job_run).
 
 See docs/architecture.md#processes. The heartbeat is per process (broker/background.py starts
 its thread in every Daphne process and in the Celery worker), not a cluster job; purging rows
@@ -12,7 +13,8 @@ from django.db import transaction
 
 import broker
 from broker import models
-from broker.core import log
+from broker import settings as ferry_settings
+from broker.core import log, outages
 from broker.core.records import Principal, ProcessInfo
 
 DAY_MS = 24 * 3600 * 1000
@@ -72,3 +74,41 @@ def purge_processes() -> int:
             heartbeat_ms__lt=log.now_ms() - DAY_MS
         ).delete()
     return int(count)
+
+
+# When this process last wrote each job's successful run (record_job_run).
+_ok_written_ms: dict[str, int] = {}
+
+
+def record_job_run(name: str, error: str = "") -> None:
+    """Note a run of background job name by this process: ok, or failed with error.
+
+    Called by whatever runs the jobs (broker/background.py, broker/tasks.py, in the process the
+    job ran in: a Celery worker's child). A success is written at most once a heartbeat interval
+    a job (release_due runs five times a second), a failure at once, and the first success after
+    a failure at once too, so the overview's state follows within that interval.
+    """
+    now = log.now_ms()
+    every_ms = float(ferry_settings.get("PROCESS_HEARTBEAT_SECONDS")) * 1000
+    if not error and now - _ok_written_ms.get(name, -(10**15)) < every_ms:
+        return
+    if error:
+        _ok_written_ms.pop(name, None)
+        values = {"failed_ms": now, "error": error[:300]}
+    else:
+        _ok_written_ms[name] = now
+        values = {"ok_ms": now, "ok_by": process_name()}
+    try:
+        with transaction.atomic(durable=True):
+            if not models.JobRun.objects.filter(name=name).update(**values):
+                models.JobRun.objects.bulk_create(
+                    [models.JobRun(name=name, **values)],
+                    update_conflicts=True,
+                    unique_fields=["name"],
+                    update_fields=list(values),
+                )
+    except outages.ERRORS as exc:
+        if outages.classify(exc) is None:
+            raise
+        # The database is away: the job's own failure said so, once; the next run writes.
+        _ok_written_ms.pop(name, None)

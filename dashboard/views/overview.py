@@ -1,4 +1,4 @@
-"""The overview: totals, topics, groups, rates and broker processes (live)."""
+"""The overview: totals, topics, groups, rates, broker processes and background jobs (live)."""
 
 from typing import Any
 
@@ -34,6 +34,7 @@ def _context(request: HttpRequest) -> dict[str, Any]:
         "more_groups": max(0, len(behind) - OVERVIEW_ROWS),
         "rates": rates,
         "processes": processes.list_processes(principal),
+        "jobs": console.job_states(),
     }
 
 

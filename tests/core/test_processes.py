@@ -6,7 +6,7 @@ from pathlib import Path
 
 import broker
 from broker import background, models
-from broker.core import keys, log, processes
+from broker.core import console, keys, log, periodic, processes
 
 
 def test_version__matches_pyproject():
@@ -102,3 +102,54 @@ def test_heartbeat_thread__beats_and_flushes(transactional_db, key_factory, sett
         beat.stop()
     assert mine().get().kind == "worker"
     assert models.ApiKey.objects.get(id=principal.key_id).last_used_ms is not None
+
+
+def test_record_job_run__ok_at_most_once_a_heartbeat_failures_at_once(db, settings):
+    settings.FERRY_PROCESS_HEARTBEAT_SECONDS = 60
+    processes._ok_written_ms.clear()
+    models.JobRun.objects.all().delete()
+    processes.record_job_run("release_due")
+    first = models.JobRun.objects.get(name="release_due")
+    assert first.ok_by == processes.process_name()
+    assert (first.failed_ms, first.error) == (None, "")
+    processes.record_job_run("release_due")  # within the interval: not written again
+    assert models.JobRun.objects.get(name="release_due").ok_ms == first.ok_ms
+
+    processes.record_job_run("release_due", "OperationalError: gone")
+    failed = models.JobRun.objects.get(name="release_due")
+    assert first.ok_ms is not None
+    assert failed.failed_ms is not None
+    assert failed.failed_ms >= first.ok_ms
+    assert failed.error == "OperationalError: gone"
+    processes.record_job_run("release_due")  # the first success after a failure: at once
+    again = models.JobRun.objects.get(name="release_due").ok_ms
+    assert again is not None
+    assert again >= failed.failed_ms
+
+
+def test_job_states__ok_late_failing_and_waiting(db):
+    models.BrokerProcess.objects.all().delete()
+    models.JobRun.objects.all().delete()
+    assert {s.state for s in console.job_states()} == {"waiting"}  # no process, no run yet
+    now = log.now_ms()
+    hour = 3_600_000
+    models.BrokerProcess.objects.create(
+        name="h:1", kind="worker", version="0.1.0", started_ms=now - hour, heartbeat_ms=now
+    )
+    models.JobRun.objects.create(name="release_due", ok_ms=now - 100, ok_by="h:1")
+    models.JobRun.objects.create(name="expire_members", ok_ms=now - 600_000, ok_by="h:1")
+    models.JobRun.objects.create(
+        name="apply_retention", ok_ms=now - 1000, ok_by="h:1", failed_ms=now - 10, error="X: y"
+    )
+
+    states = {s.name: s for s in console.job_states()}
+
+    assert (states["release_due"].state, states["release_due"].last_ok_by) == ("ok", "h:1")
+    assert states["expire_members"].state == "late"
+    assert (states["apply_retention"].state, states["apply_retention"].last_error) == (
+        "failing",
+        "X: y",
+    )
+    # Nobody ran it, and a process has been up for longer than three of its rounds.
+    assert states["compact_samples"].state == "late"
+    assert set(states) == {job.name for job in periodic.JOBS}

@@ -2,6 +2,9 @@
 
 import pytest
 
+from broker import models
+from broker.core import log
+
 PAGES_EMPTY = [
     "/",
     "/live/overview/",
@@ -215,3 +218,29 @@ def test_group_page__shows_what_retention_removed_before_the_group_read_it(
     caught_up = {"topic": "short", "offsets": [{"partition": 0, "offset": 4}]}
     api_client.post("/api/v1/groups/late/commit", caught_up, content_type="application/json")
     assert "skipped by retention" not in viewer.get("/groups/late/live/").content.decode()
+
+
+@pytest.mark.django_db
+def test_overview__shows_each_background_jobs_last_run(viewer):
+    models.BrokerProcess.objects.all().delete()
+    models.JobRun.objects.all().delete()
+    now = log.now_ms()
+    models.BrokerProcess.objects.create(
+        name="host:7", kind="worker", version="0.1.0", started_ms=now - 3_600_000, heartbeat_ms=now
+    )
+    models.JobRun.objects.create(name="release_due", ok_ms=now, ok_by="host:7")
+    models.JobRun.objects.create(name="apply_retention", failed_ms=now, error="E: bad")
+
+    page = viewer.get("/live/overview/").content.decode()
+
+    assert 'data-testid="overview-jobs"' in page
+
+    def row(job: str) -> str:
+        rest = page[page.index(f'data-job="{job}"') :]
+        return rest[: rest.index("</tr>")]
+
+    assert "host:7" in row("release_due")
+    assert ">ok<" in row("release_due")
+    assert ">failing<" in row("apply_retention")
+    assert "E: bad" in row("apply_retention")
+    assert ">late<" in row("compact_samples")

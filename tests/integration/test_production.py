@@ -25,6 +25,7 @@ from pathlib import Path
 
 import httpx
 import orjson
+import psycopg
 import pytest
 import websockets
 
@@ -306,6 +307,16 @@ def test_readme_production__produce_and_consume_through_both_processes(deploymen
             return got == ["later"]
 
         wait_until(released, "Celery beat to release the delayed message", deployment)
+
+        # The worker's runs reach the console's Background jobs table (from its pool's child).
+        def worker_reports_its_runs() -> bool:
+            with psycopg.connect(deployment.env["DATABASE_URL"]) as conn:
+                rows = conn.execute(
+                    "SELECT ok_ms FROM broker_jobrun WHERE name = 'release_due'"
+                ).fetchall()
+            return bool(rows) and rows[0][0] is not None
+
+        wait_until(worker_reports_its_runs, "the worker to report its job runs", deployment)
         # A Host the deployment does not name is refused, on the API too.
         refused = a.get("/topics", headers={"Host": "127.0.0.1"})
         assert refused.json()["error"]["code"] == "invalid_host"

@@ -10,7 +10,17 @@ from channels.db import database_sync_to_async
 from django.db.utils import OperationalError
 
 from broker import background, models, tasks
-from broker.core import delivery, groups, keys, log, membership, periodic, redrives, trace
+from broker.core import (
+    delivery,
+    groups,
+    keys,
+    log,
+    membership,
+    periodic,
+    processes,
+    redrives,
+    trace,
+)
 from broker.core.records import NewMessage
 from mqsite.celery import app
 
@@ -61,17 +71,26 @@ def run_job_until(settings, name: str, function: str, done: Callable[[], bool]) 
     runner.stop()
 
 
-def test_runner__runs_jobs_repeatedly_and_survives_errors(settings, caplog):
+def test_runner__runs_jobs_repeatedly_and_survives_errors(settings, caplog, transactional_db):
     run_job_until(settings, "record", "record_call", lambda: len(calls) >= 4)
     assert len(calls) >= 4
     assert "background job record failed" in caplog.text
+    # The overview's Background jobs table: the failure, then the success right after it.
+    run = models.JobRun.objects.get(name="record")
+    assert run.error == "RuntimeError: a failing round must not stop the runner"
+    assert run.ok_ms is not None
+    assert run.failed_ms is not None
+    assert run.ok_ms >= run.failed_ms
+    assert "recording background job" not in caplog.text
 
 
 def unreachable_database() -> int:
     raise OperationalError("connection to server at 127.0.0.1 failed: Connection refused")
 
 
-def test_runner__a_database_outage_is_one_line_a_round_without_a_traceback(settings, caplog):
+def test_runner__a_database_outage_is_one_line_a_round_without_a_traceback(
+    settings, caplog, transactional_db
+):
     """As a failed request's (docs/operations.md): the operator reads what is down, not a
     traceback every second for as long as it is."""
     run_job_until(
@@ -86,7 +105,7 @@ def test_runner__a_database_outage_is_one_line_a_round_without_a_traceback(setti
     )
 
 
-def test_run_periodic_job__a_database_outage_is_one_line_and_a_bug_raises(monkeypatch, caplog):
+def test_run_periodic_job__a_database_outage_is_one_line_and_a_bug_raises(monkeypatch, caplog, db):
     """In a Celery worker as in the in-process runner: beat's next run retries."""
     for name, function in (("away", "unreachable_database"), ("buggy", "record_call")):
         job = periodic.Job(
@@ -103,6 +122,17 @@ def test_run_periodic_job__a_database_outage_is_one_line_and_a_bug_raises(monkey
     assert line.getMessage().startswith("periodic job away: unavailable (connection to server")
     with pytest.raises(RuntimeError):
         tasks.run_periodic_job.apply(args=("buggy",)).get()
+    # Both show failing on the console's overview, with what went wrong.
+    assert models.JobRun.objects.get(name="away").error.startswith("OperationalError: connection")
+    assert models.JobRun.objects.get(name="buggy").error.startswith("RuntimeError")
+
+
+def test_run_periodic_job__a_worker_records_its_run(db):
+    processes._ok_written_ms.clear()  # what earlier tests wrote was rolled back
+    tasks.run_periodic_job.apply(args=("apply_retention",)).get()
+    run = models.JobRun.objects.get(name="apply_retention")
+    assert run.ok_by == processes.process_name()
+    assert run.failed_ms is None
 
 
 @pytest.mark.parametrize("name", [job.name for job in periodic.JOBS])
