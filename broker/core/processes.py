@@ -99,14 +99,13 @@ def record_job_run(name: str, error: str = "") -> None:
         _ok_written_ms[name] = now
         values = {"ok_ms": now, "ok_by": process_name()}
     try:
-        with transaction.atomic(durable=True):
-            if not models.JobRun.objects.filter(name=name).update(**values):
-                models.JobRun.objects.bulk_create(
-                    [models.JobRun(name=name, **values)],
-                    update_conflicts=True,
-                    unique_fields=["name"],
-                    update_fields=list(values),
-                )
+        # One statement whoever wrote first: INSERT … ON CONFLICT (name) DO UPDATE.
+        models.JobRun.objects.bulk_create(
+            [models.JobRun(name=name, **values)],
+            update_conflicts=True,
+            unique_fields=["name"],
+            update_fields=list(values),
+        )
     except outages.ERRORS as exc:
         if outages.classify(exc) is None:
             raise
