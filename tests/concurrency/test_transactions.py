@@ -1,9 +1,11 @@
 """Commits are atomic under concurrency: a reader never sees part of a transaction, offsets
 stay gapless while transactions and plain produces interleave, on SQLite and PostgreSQL."""
 
+import contextlib
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
 
 import orjson
 import pytest
@@ -132,25 +134,35 @@ def test_commit_transaction__read_process_write_exactly_once(topic_factory):
     assert not models.InFlight.objects.exists()
 
 
-def test_run_checks__each_transaction_checked_by_one_runner(topic_factory):
-    """Runners on several threads (or processes) never ask about one transaction twice."""
-    topic = topic_factory().name
+@contextlib.contextmanager
+def transactions_due(
+    topic: str, count: int, pause_s: float
+) -> Iterator[tuple[list[int], Counter[int]]]:
+    """count open transactions of topic past their deadline; their check-back callback counts
+    its calls and answers "unknown" after pause_s (a slow callback)."""
     asked: Counter[int] = Counter()
     lock = threading.Lock()
 
     def check(request):
         with lock:
             asked[request.transaction_id] += 1
-        time.sleep(0.1)  # a slow callback: the other runners look meanwhile
+        time.sleep(pause_s)
         return "unknown"
 
     with CheckBackServer(check) as server:
         ids = []
-        for n in range(6):
+        for n in range(count):
             t = transactions.begin_transaction(keys.CONSOLE, f"c{n}", 60_000, server.url)
             transactions.add_messages(keys.CONSOLE, t.id, topic, [NewMessage(b"1")])
             ids.append(t.id)
         models.Transaction.objects.update(deadline_ms=log.now_ms() - 1)
+        yield ids, asked
+
+
+def test_run_checks__each_transaction_checked_by_one_runner(topic_factory):
+    """Runners on several threads (or processes) never ask about one transaction twice."""
+    # A slow callback: the other runners look meanwhile.
+    with transactions_due(topic_factory().name, 6, 0.1) as (ids, asked):
         run_threads(lambda n: transactions.run_checks(), 3)
     assert dict(asked) == dict.fromkeys(ids, 1)
     assert all(transactions.get_transaction(keys.CONSOLE, i).checks == 1 for i in ids)
@@ -161,23 +173,8 @@ def test_run_checks__lease_expired_mid_round_each_transaction_asked_once(topic_f
     each transaction is still asked once and counted once (docs/transactions.md#check-back)."""
     settings.FERRY_TRANSACTION_CHECK_TIMEOUT_SECONDS = 1  # the claim's lease: 3 s
     settings.FERRY_TRANSACTION_CHECK_BACKOFF_MS = 60_000  # nothing is due twice in the round
-    topic = topic_factory().name
-    asked: Counter[int] = Counter()
-    lock = threading.Lock()
-
-    def check(request):
-        with lock:
-            asked[request.transaction_id] += 1
-        time.sleep(0.3)  # 16 of them, one after another: past the 3 s lease
-        return "unknown"
-
-    with CheckBackServer(check) as server:
-        ids = []
-        for n in range(16):
-            t = transactions.begin_transaction(keys.CONSOLE, f"s{n}", 60_000, server.url)
-            transactions.add_messages(keys.CONSOLE, t.id, topic, [NewMessage(b"1")])
-            ids.append(t.id)
-        models.Transaction.objects.update(deadline_ms=log.now_ms() - 1)
+    # 16 callbacks of 0.3 s, one after another: past the 3 s lease.
+    with transactions_due(topic_factory().name, 16, 0.3) as (ids, asked):
         done = {}
         late: list[int] = []
 
