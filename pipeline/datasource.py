@@ -227,6 +227,10 @@ class FerryBatchReader(DataSourceReader):
         return list(plan(read, start, end))
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        if not isinstance(partition, RangePartition) and partition.value is None:
+            # Nothing in range: for a batch read planned with no partitions, Spark still runs
+            # one task, with InputPartition(None).
+            return iter(())
         return read_range(as_range(partition))
 
 

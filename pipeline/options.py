@@ -161,8 +161,9 @@ def read_options(options: Mapping[str, str], *, streaming: bool) -> ReadOptions:
     names = topics(options)
     starting = offset_spec(options, "startingOffsets", "latest" if streaming else "earliest")
     ending = offset_spec(options, "endingOffsets", "latest")
-    if streaming and _get(options, "endingOffsets") is not None:
-        raise OptionError("Option 'endingOffsets' is for batch reads; a stream has no end.")
+    for name in ("endingOffsets", "endingTimestamp"):
+        if streaming and _get(options, name) is not None:
+            raise OptionError(f"Option {name!r} is for batch reads; a stream has no end.")
     if ending == "earliest":
         raise OptionError("Option 'endingOffsets' cannot be 'earliest'.")
     for spec, name in ((starting, "startingOffsets"), (ending, "endingOffsets")):
@@ -178,9 +179,7 @@ def read_options(options: Mapping[str, str], *, streaming: bool) -> ReadOptions:
         starting=starting,
         ending=ending,
         starting_timestamp_ms=_optional_int(options, "startingTimestamp", 0, 2**62),
-        ending_timestamp_ms=(
-            None if streaming else _optional_int(options, "endingTimestamp", 0, 2**62)
-        ),
+        ending_timestamp_ms=_optional_int(options, "endingTimestamp", 0, 2**62),
         max_offsets_per_trigger=max_per_trigger,
         max_rows_per_partition=_int(options, "maxRowsPerPartition", 1_000_000, 1, 2**62),
         fetch_size=_int(options, "fetchSize", MAX_FETCH_SIZE, 1, MAX_FETCH_SIZE),

@@ -6,8 +6,9 @@ Each job is a module with `main(argv)`, run as `python -m pipeline.jobs.<name>`,
 
 import argparse
 import os
+import re
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -16,6 +17,10 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 ROOT = Path(__file__).resolve().parents[2]
+
+# Spark's masters that run every task on this machine: local, local[*], local[N], and the
+# same with a task retry count (local[N,F]).
+LOCAL_MASTER = re.compile(r"local(\[(\*|[1-9][0-9]*)(,[1-9][0-9]*)?\])?")
 
 
 def add_broker_args(parser: argparse.ArgumentParser) -> None:
@@ -55,19 +60,37 @@ def time_ms(text: str) -> int:
     return int(moment.timestamp() * 1000)
 
 
+def worker_python(environ: Mapping[str, str], master: str) -> str | None:
+    """The PYSPARK_PYTHON to set for a job's Python workers, or None to leave it alone.
+
+    This interpreter only when none is set and the master is local: a cluster's executors
+    may not have this path, and take the user's PYSPARK_PYTHON (or Spark's `python3`).
+    """
+    if "PYSPARK_PYTHON" in environ or not LOCAL_MASTER.fullmatch(master.strip()):
+        return None
+    return sys.executable
+
+
 def session(app_name: str) -> "SparkSession":
     """The job's SparkSession, with `ferry` registered.
 
     Under spark-submit the master and confs are spark-submit's; run directly, it is
     `local[*]`, with this interpreter and this checkout for the Python workers.
     """
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     path = os.environ.get("PYTHONPATH", "")
     if str(ROOT) not in path.split(os.pathsep):
         os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), path) if p)
+    from pyspark import SparkConf, SparkContext
     from pyspark.sql import SparkSession
 
     import pipeline
+
+    # The JVM first (spark-submit's, or one started here), so that its master is known;
+    # SparkContext reads PYSPARK_PYTHON after that, when it starts.
+    SparkContext._ensure_initialized()
+    python = worker_python(os.environ, SparkConf().get("spark.master", "local[*]"))
+    if python is not None:
+        os.environ["PYSPARK_PYTHON"] = python
 
     spark = (
         SparkSession.builder.appName(app_name)

@@ -5,16 +5,17 @@ The Spark tests (marked `spark`) share ONE local SparkSession: a JVM costs secon
 venv's interpreter (PYSPARK_PYTHON) with the checkout on PYTHONPATH, and reach Ferry over HTTP.
 """
 
+import json
 import logging
 import os
 import shutil
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import pytest
 
-from broker.core import keys
+from broker.core import keys, log, records
 from tests.integration.conftest import broker_url, tls_broker
 
 __all__ = ["broker_url", "tls_broker"]
@@ -75,3 +76,21 @@ def ferry_key(db) -> str:
         keys.CONSOLE, "pipeline-tests", [keys.parse_permission("admin:*")]
     )
     return secret
+
+
+@pytest.fixture
+def stamped_message_factory(db) -> Callable[[str, Mapping[int, Sequence[int]]], None]:
+    """Stores JSON messages with the producer timestamps given (REST's `timestamp_ms`), per
+    partition in offset order: `{partition: [timestamp_ms, ...]}`."""
+
+    def store(topic: str, stamps: Mapping[int, Sequence[int]]) -> None:
+        messages = [
+            records.NewMessage(
+                json.dumps({"at_ms": at_ms}).encode(), partition=p, timestamp_ms=at_ms
+            )
+            for p, times in stamps.items()
+            for at_ms in times
+        ]
+        log.append_messages(keys.CONSOLE, topic, messages)
+
+    return store

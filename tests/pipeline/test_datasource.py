@@ -102,6 +102,44 @@ def test_batch_read__range_equals_rest_fetch(spark, broker_url, ferry_key):
     assert everything.load().count() == 41
 
 
+def test_batch_read__starting_and_ending_timestamp(
+    spark, broker_url, ferry_key, stamped_message_factory
+):
+    """Per partition, the first offset whose timestamp is at or after the time: the start's
+    is read, the end's is not (Spark's Kafka source); past a partition's end, its end offset."""
+    make_topic("stamped", 2)
+    stamped_message_factory("stamped", {0: [1000, 2000, 3000, 4000], 1: [1500, 2500, 2500, 5000]})
+
+    def read(**more):
+        given = options(broker_url, ferry_key, "stamped", **more)
+        df = spark.read.format("ferry").options(**given).load()
+        rows = df.selectExpr("partition", "offset", "unix_millis(timestamp) AS ms").collect()
+        return sorted((r.partition, r.offset, r.ms) for r in rows)
+
+    # The time wins over startingOffsets; partition 1 has nothing at 2000, so its 2500.
+    assert read(startingTimestamp=2000, startingOffsets=json.dumps({"stamped": {"0": 3}})) == [
+        (0, 1, 2000),
+        (0, 2, 3000),
+        (0, 3, 4000),
+        (1, 1, 2500),
+        (1, 2, 2500),
+        (1, 3, 5000),
+    ]
+    # The end is excluded: of partition 1's two messages at 2500, neither is read.
+    assert read(endingTimestamp=2500) == [(0, 0, 1000), (0, 1, 2000), (1, 0, 1500)]
+    # Equal timestamps start at the lowest offset; partition 0 has nothing at 5000 (its end
+    # offset ends it), partition 1's message at 5000 is excluded.
+    assert read(startingTimestamp=2500, endingTimestamp=5000) == [
+        (0, 2, 3000),
+        (0, 3, 4000),
+        (1, 1, 2500),
+        (1, 2, 2500),
+    ]
+    # Past partition 0's last message: nothing from it (not an error, not its start).
+    assert read(startingTimestamp=4500) == [(1, 3, 5000)]
+    assert read(startingTimestamp=6000, endingTimestamp=7000) == []
+
+
 def stream_to_parquet(spark, url, key, topic, tmp_path, trigger, **more):
     reader = spark.readStream.format("ferry").options(**options(url, key, topic, **more))
     return (

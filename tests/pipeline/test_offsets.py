@@ -99,3 +99,8 @@ def test_read_options__stream_only_and_batch_only():
         options.read_options({**BASE, "maxOffsetsPerTrigger": "5"}, streaming=False)
     with pytest.raises(OptionError, match="a stream has no end"):
         options.read_options({**BASE, "endingOffsets": "latest"}, streaming=True)
+    with pytest.raises(OptionError, match="'endingTimestamp' is for batch reads"):
+        options.read_options({**BASE, "endingTimestamp": "1000"}, streaming=True)
+    # A stream may start at a time.
+    stream = options.read_options({**BASE, "startingTimestamp": "1000"}, streaming=True)
+    assert stream.starting_timestamp_ms == 1000

@@ -2,9 +2,10 @@
 
 import pyarrow as pa
 import pytest
+from pyspark.sql.datasource import InputPartition
 
 from ferry_client import ArrowPage, FerryError
-from pipeline import datasource, errors
+from pipeline import datasource, errors, options
 from pipeline.datasource import ahead
 from pipeline.offsets import OffsetRange
 from pipeline.options import Connection
@@ -84,3 +85,13 @@ def test_read_range__retention_passed_us(monkeypatch):
 
     # failOnDataLoss=false: skip to the start offset and go on.
     assert read_offsets(monkeypatch, False) == list(range(4, 10))
+
+
+def test_batch_reader__nothing_in_range():
+    """partitions() found no range: Spark runs one task with InputPartition(None) anyway."""
+    read = options.read_options({"url": "http://b:1", "apiKey": "k", "topic": "t"}, streaming=False)
+    reader = datasource.FerryBatchReader(read)
+
+    assert list(reader.read(InputPartition(None))) == []
+    with pytest.raises(TypeError, match="Not a Ferry read partition"):
+        list(reader.read(InputPartition(3)))
