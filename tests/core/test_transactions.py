@@ -435,3 +435,66 @@ def test_commit_transaction__a_failed_append_moves_no_offset(topic_factory, cons
         transactions.commit_transaction(console, t.id)
     # Consume-transform-produce failed midway: the group still reads from the start.
     assert len(groups.poll_messages(console, "g", src, 10, False).messages) == 2
+
+
+class OtherService:
+    """A loopback HTTP service that is not a check-back: it answers anything with a secret, and
+    a redirector in front of it sends every POST there (302)."""
+
+    SECRET = "internal-secret-4711"
+
+    def __init__(self):
+        import http.server
+        import threading
+
+        self.requests: list[str] = []
+        service = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def _answer(self):
+                service.requests.append(f"{self.command} {self.path}")
+                if self.path == "/redirect":
+                    self.send_response(302)
+                    self.send_header("Location", f"{service.url}/secret")
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                body = service.SECRET.encode()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            do_GET = do_POST = _answer
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_check_transactions__a_check_url_cannot_read_another_service(db, console):
+    """No redirect is followed, and an answer's body never reaches last_check
+    (docs/transactions.md#check-back)."""
+    service = OtherService()
+    try:
+        redirected = transactions.begin_transaction(console, "r", 60_000, f"{service.url}/redirect")
+        elsewhere = transactions.begin_transaction(console, "s", 60_000, f"{service.url}/secret")
+        models.Transaction.objects.update(deadline_ms=log.now_ms() - 1)
+        transactions.run_checks()
+    finally:
+        service.close()
+    assert sorted(service.requests) == ["POST /redirect", "POST /secret"]  # no GET /secret
+    first = transactions.get_transaction(console, redirected.id)
+    assert (first.state, first.last_check) == ("open", "check failed: HTTP 302")
+    second = transactions.get_transaction(console, elsewhere.id)
+    assert second.last_check == (
+        f"check answered {len(OtherService.SECRET)} characters, not commit, rollback or unknown"
+    )
+    assert OtherService.SECRET not in second.last_check

@@ -28,6 +28,19 @@ PURGE_BATCH = 1000
 ANSWERS = ("commit", "rollback", "unknown")
 
 
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    """A check-back is answered where it was sent: following a redirect (urllib turns the POST
+    into a GET) would let a producer's check_url make the broker read another service."""
+
+    def redirect_request(self, *args: object, **kwargs: object) -> None:
+        return None
+
+
+# The answer's status and size go to last_check, never its body: a check_url pointed at
+# another service must not read it back through GET /transactions/{id}.
+_OPENER = urllib.request.build_opener(_NoRedirects)
+
+
 def _ask(row: models.Transaction) -> tuple[str, str]:
     """POST the check to the producer's check_url: (answer, what happened). No lock held."""
     body = json.dumps(
@@ -48,8 +61,10 @@ def _ask(row: models.Transaction) -> tuple[str, str]:
     )
     timeout = float(ferry_settings.get("TRANSACTION_CHECK_TIMEOUT_SECONDS"))
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310
+        with _OPENER.open(request, timeout=timeout) as response:
             text = response.read(4096).decode(errors="replace").strip()
+    except urllib.error.HTTPError as exc:
+        return "failed", f"check failed: HTTP {exc.code}"
     except (urllib.error.URLError, OSError, ValueError) as exc:
         return "failed", f"check failed: {exc}"[:500]
     answer = text.lower()
@@ -60,7 +75,9 @@ def _ask(row: models.Transaction) -> tuple[str, str]:
     if isinstance(parsed, dict) and isinstance(parsed.get("status"), str):
         answer = parsed["status"].lower()
     if answer not in ANSWERS:
-        return "failed", f"check answered {text[:100]!r}, not commit, rollback or unknown"
+        return "failed", (
+            f"check answered {len(text)} characters, not commit, rollback or unknown"
+        )
     return answer, f"check answered {answer}"
 
 
