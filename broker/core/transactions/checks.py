@@ -75,9 +75,7 @@ def _ask(row: models.Transaction) -> tuple[str, str]:
     if isinstance(parsed, dict) and isinstance(parsed.get("status"), str):
         answer = parsed["status"].lower()
     if answer not in ANSWERS:
-        return "failed", (
-            f"check answered {len(text)} characters, not commit, rollback or unknown"
-        )
+        return "failed", f"check answered {len(text)} characters, not commit, rollback or unknown"
     return answer, f"check answered {answer}"
 
 
