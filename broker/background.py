@@ -17,14 +17,6 @@ from broker.core import keys, outages, periodic, processes
 logger = logging.getLogger(__name__)
 
 
-def _log_failure(what: str, exc: Exception) -> None:
-    line = outages.outage_line(what, exc)
-    if line is None:
-        logger.exception("%s failed", what)
-    else:
-        logger.warning(line)
-
-
 class Runner:
     """A daemon thread that runs its jobs every interval_seconds, one job at a time."""
 
@@ -46,19 +38,19 @@ class Runner:
             for job in self.jobs:
                 if time.monotonic() < next_run[job.name]:
                     continue
-                error = ""
+                failure: Exception | None = None
                 try:
                     result = job.run()
                     if result:
                         logger.info("%s: %s", job.name, result)
                 except Exception as exc:
                     # One failing round must not stop the scheduler; the next round retries.
-                    _log_failure(f"background job {job.name}", exc)
-                    error = f"{type(exc).__name__}: {exc}"
+                    outages.log_failure(logger, f"background job {job.name}", exc)
+                    failure = exc
                 try:
-                    processes.record_job_run(job.name, error)
+                    processes.record_job_run(job.name, failure)
                 except Exception as exc:
-                    _log_failure(f"recording background job {job.name}", exc)
+                    outages.log_failure(logger, f"recording background job {job.name}", exc)
                 finally:
                     close_old_connections()
                 next_run[job.name] = time.monotonic() + job.interval_seconds
@@ -90,7 +82,7 @@ class Heartbeat:
             keys.flush_last_used()
         except Exception as exc:
             # A busy or unreachable database must not end the thread; the next round retries.
-            _log_failure("process heartbeat", exc)
+            outages.log_failure(logger, "process heartbeat", exc)
         finally:
             close_old_connections()
 

@@ -21,7 +21,7 @@ def run_periodic_job(name: str) -> Any:
         result = job.run()
     except Exception as exc:
         # The overview shows the job failing (docs/console-ui.md#what-each-page-shows).
-        processes.record_job_run(name, f"{type(exc).__name__}: {exc}")
+        processes.record_job_run(name, exc)
         line = outages.outage_line(f"periodic job {name}", exc)
         if line is None:
             raise  # a bug: Celery logs it with its traceback

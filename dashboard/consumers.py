@@ -55,12 +55,7 @@ class Watcher:
                 current = await dbthreads.run(activity.fingerprint)
             except Exception as exc:
                 # A failed read (database restarting) skips one tick; pages keep what they show.
-                # An outage is a line a tick, not a traceback; anything else is a bug.
-                line = outages.outage_line("console live check", exc)
-                if line is None:
-                    logger.exception("console live check failed")
-                else:
-                    logger.warning(line)
+                outages.log_failure(logger, "console live check", exc)
             else:
                 changed = current.changed_since(last)
                 last = current

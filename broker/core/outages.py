@@ -99,6 +99,16 @@ def outage_line(what: str, exc: BaseException) -> str | None:
     return f"{what}: {outage.code} ({exc}); the next round retries"
 
 
+def log_failure(log: logging.Logger, what: str, exc: BaseException) -> None:
+    """Log a failed round of periodic work: outage_line's one line for an outage, the traceback
+    for anything else (a bug)."""
+    line = outage_line(what, exc)
+    if line is None:
+        log.error("%s failed", what, exc_info=exc)
+    else:
+        log.warning(line)
+
+
 def is_lost_connection(exc: BaseException, conn: BaseDatabaseWrapper | None = None) -> bool:
     """Whether exc ended the connection (PostgreSQL ended the session, or the server is away).
 

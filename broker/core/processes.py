@@ -80,8 +80,8 @@ def purge_processes() -> int:
 _ok_written_ms: dict[str, int] = {}
 
 
-def record_job_run(name: str, error: str = "") -> None:
-    """Note a run of background job name by this process: ok, or failed with error.
+def record_job_run(name: str, failure: BaseException | None = None) -> None:
+    """Note a run of background job name by this process: ok, or failed with failure.
 
     Called by whatever runs the jobs (broker/background.py, broker/tasks.py, in the process the
     job ran in: a Celery worker's child). A success is written at most once a heartbeat interval
@@ -90,11 +90,11 @@ def record_job_run(name: str, error: str = "") -> None:
     """
     now = log.now_ms()
     every_ms = float(ferry_settings.get("PROCESS_HEARTBEAT_SECONDS")) * 1000
-    if not error and now - _ok_written_ms.get(name, -(10**15)) < every_ms:
+    if failure is None and now - _ok_written_ms.get(name, -(10**15)) < every_ms:
         return
-    if error:
+    if failure is not None:
         _ok_written_ms.pop(name, None)
-        values = {"failed_ms": now, "error": error[:300]}
+        values = {"failed_ms": now, "error": f"{type(failure).__name__}: {failure}"[:300]}
     else:
         _ok_written_ms[name] = now
         values = {"ok_ms": now, "ok_by": process_name()}

@@ -4,6 +4,8 @@ import time
 import tomllib
 from pathlib import Path
 
+from django.db.utils import OperationalError
+
 import broker
 from broker import background, models
 from broker.core import console, keys, log, periodic, processes
@@ -115,7 +117,7 @@ def test_record_job_run__ok_at_most_once_a_heartbeat_failures_at_once(db, settin
     processes.record_job_run("release_due")  # within the interval: not written again
     assert models.JobRun.objects.get(name="release_due").ok_ms == first.ok_ms
 
-    processes.record_job_run("release_due", "OperationalError: gone")
+    processes.record_job_run("release_due", OperationalError("gone"))
     failed = models.JobRun.objects.get(name="release_due")
     assert first.ok_ms is not None
     assert failed.failed_ms is not None

@@ -100,11 +100,12 @@ def _claim_checks(now: int) -> list[models.Transaction]:
             .exclude(checking_until_ms__gt=now)
             .order_by("deadline_ms", "id")[:CHECK_BATCH]
         )
+        until = now + lease_ms
         models.Transaction.objects.filter(id__in=[r.id for r in claimed]).update(
-            checking_until_ms=now + lease_ms
+            checking_until_ms=until
         )
     for row in claimed:
-        row.checking_until_ms = now + lease_ms
+        row.checking_until_ms = until
     return claimed
 
 
