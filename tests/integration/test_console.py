@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import subprocess
 import time
 from collections.abc import Iterator
@@ -495,6 +496,10 @@ def walk(browser: Browser, console_url: str, rest: httpx.Client) -> None:
     # The overview, the lists and the charts, once the samples have come in.
     page.goto(f"{console_url}/")
     expect(page.locator("#count-topics")).to_have_text("1")
+    # This server runs the background jobs (FERRY_BACKGROUND_IN_PROCESS): on time, and by it.
+    released = page.locator('#overview-jobs tr[data-job="release_due"]')
+    expect(released.get_by_test_id("job-state")).to_have_text("ok")
+    expect(released.locator("td").nth(3)).to_have_text(re.compile(r"^\S+:\d+$"))  # host:pid
     screenshot(page, "overview")
     page.goto(f"{console_url}/topics/")
     screenshot(page, "topics")
