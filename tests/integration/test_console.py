@@ -213,6 +213,28 @@ def test_console__a_refresh_answered_503_shows_the_outage_until_one_succeeds(
     page.close()
 
 
+def test_console__a_group_behind_retention_shows_what_it_skipped(
+    browser: Browser, console_url: str
+) -> None:
+    """DESIGN.md, Retention: a consumer behind the start offset is moved to it, visibly."""
+    make_user("watcher", perms=("view_console",))
+    with api(console_url, admin_key()) as rest:
+        topic = {"name": "short", "capacity": 2, "overflow_policy": "drop_oldest"}
+        assert rest.post("/topics", json=topic).status_code == 201
+        commit = {"topic": "short", "offsets": [{"partition": 0, "offset": 0}]}
+        assert rest.post("/groups/late/commit", json=commit).status_code == 200
+        produced = {"messages": [{"value": n} for n in range(5)]}
+        assert rest.post("/topics/short/messages", json=produced).status_code == 200
+    page = log_in(browser, console_url, "watcher")
+    page.goto(f"{console_url}/groups/late/")
+
+    expect(page.get_by_test_id("skipped-by-retention")).to_have_text("3 skipped by retention")
+    expect(page.get_by_test_id("group-topic-skipped")).to_contain_text(
+        "Retention removed 3 messages of short before this group settled them"
+    )
+    page.close()
+
+
 def wait_for(condition: Any, what: str) -> None:
     expect(condition).to_be_visible(timeout=WAIT_MS)
 
